@@ -1,0 +1,443 @@
+"""es.py: Evolution Strategies post-training of a causal LM, exact, seed-replayed, one to many GPUs.
+
+The algorithm of Qiu et al. 2025 ("Evolution Strategies at Scale"), analysed by Ba et al. 2026 (arXiv 2608.27351):
+for t = 1..T:  (1) seeds for the N members,  (2) perturb theta_n = theta + sigma * eps_n,  (3) score each member with
+the verifier,  (4) shape the rewards into fitness f_n,  (5) theta += alpha * mean_n(f_n * eps_n)  (1/sigma in alpha).
+
+    python es.py                                             # the embedded model on the toy task, a few minutes
+    torchrun --nproc_per_node 8 es.py --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --population 30 \\
+        --sigma 1e-3 --alpha 5e-4 --prompts 200 --iterations 500 --dtype bf16 --max-new-tokens 1024
+
+How this differs from the reference code (see ../shared/notes/ANCHORS.md for its known defects):
+- fp32 master weights; a member's working weights are *written* as master + sigma*eps (in the working dtype) and the
+  restore is a copy of the master, so perturb/restore never drifts (their bf16 in-place add/subtract does).
+- eps_n is drawn tensor by tensor from an independent stream seeded by (run seed, iteration, member, tensor name):
+  same-shaped tensors get different noise, and the noise is defined on the logical parameter (not on a fused or sharded
+  buffer). Only one tensor-sized noise buffer is alive at a time. Streams come from torch.Generator on the master's
+  device: bit-identical for a given device type, not between CPU and CUDA.
+- Seeds are derived, not drawn: no collisions, nothing broadcast. Only the N member rewards (plus per-member answers
+  for the diversity log, a few KB) cross the network; every rank applies the same update from the seeds, so world
+  size 1 and world size K give bit-identical weights.
+- Rewards score the completion only; ties get equal fitness; all-equal rewards give a zero update.
+- Options beyond the paper: centered-rank or raw fitness, antithetic pairs, weight decay, anchored weight decay toward
+  the initial weights (arXiv 2605.30148), sampled scoring with common random numbers, a parameter subset.
+"""
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import passk
+import verify
+
+
+@dataclass
+class Args:
+    model: str = passk.DEFAULT_MODEL
+    """hub id or local directory; default: the embedded model (models/toy)"""
+    task: str = "toy"
+    """countdown | gsm8k | math | toy"""
+    data: str = ""
+    """local data file for the task (jsonl); required by gsm8k and math"""
+    iterations: int = 150
+    """ES iterations in total (a resumed run continues up to this many)"""
+    population: int = 30
+    """N, members per iteration (paper recipe: 30)"""
+    sigma: float = 0.01
+    """perturbation scale (paper recipe for 0.5B-7B models: 1e-3)"""
+    alpha: float = 0.008
+    """step size, 1/sigma folded in: theta += alpha * mean(f * eps) (paper recipe: 5e-4)"""
+    prompts: int = 128
+    """training prompts per iteration, every member scores all of them"""
+    train_problems: int = 2000
+    """size of the training pool the prompts are drawn from each iteration (the paper: 200 fixed prompts)"""
+    fitness: str = "zscore"
+    """zscore | rank (centered, ties averaged) | raw (r - mean)"""
+    antithetic: bool = False
+    """mirrored pairs eps, -eps (needs an even population)"""
+    params: str = "all"
+    """all | matrices (2-D tensors only) | a regex on parameter names"""
+    dtype: str = "fp32"
+    """working weights fp32 | bf16 | fp16 (the master is always fp32)"""
+    weight_decay: float = 0.0
+    """decoupled decay theta -= alpha * wd * theta"""
+    anchor_decay: float = 0.0
+    """decay toward the initial weights: theta -= alpha * ad * (theta - theta_0)"""
+    temperature: float = 0.0
+    """scoring: 0 = greedy (the paper), > 0 = sampled with the same seed for every member (common random numbers)"""
+    samples: int = 4
+    """completions per prompt and member when sampling"""
+    max_new_tokens: int = 16
+    """generation budget per completion"""
+    batch_size: int = 512
+    """rows per generation batch"""
+    seed: int = 0
+    """run seed: noise, prompt order and sampling all derive from it"""
+    eval_every: int = 25
+    """held-out Pass@k every this many iterations (and at start and end; 0 = only at start and end)"""
+    eval_n: int = 16
+    """samples per held-out problem (Pass@1..Pass@eval_n)"""
+    eval_problems: int = 200
+    """held-out problems"""
+    save_every: int = 25
+    """checkpoint every this many iterations (and at the end)"""
+    out: str = "runs/es"
+    """run directory: log.jsonl, checkpoint-NNNNNN/"""
+    resume: str = ""
+    """continue the run saved in this directory (its args, up to --iterations in total)"""
+    device: str = ""
+    """cpu | cuda (default: cuda when available; torchrun: cuda:LOCAL_RANK)"""
+    threads: int = 0
+    """torch CPU threads per process (0: cores / local processes)"""
+
+
+class Diverged(Exception):
+    """Non-finite rewards or weights: the run stops, the last good checkpoint stays."""
+
+
+# ---- 1. seeds ---------------------------------------------------------------------------------------------------
+def stream_seed(*key) -> int:
+    """A 63-bit seed from a tuple: distinct keys give independent streams, nothing is drawn or broadcast."""
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest(), "big") >> 1
+
+
+def member_noise(n: int, antithetic: bool):
+    """(noise index, sign) of member n: antithetic pairs (2k, 2k+1) share eps_k with signs +1, -1."""
+    return (n // 2, 1.0 - 2.0 * (n % 2)) if antithetic else (n, 1.0)
+
+
+def noise(seed, t, k, name, like: torch.Tensor) -> torch.Tensor:
+    """eps for (run seed, iteration t, noise index k, tensor name): fp32 N(0, 1), the shape of the parameter."""
+    g = torch.Generator(like.device).manual_seed(stream_seed(seed, t, k, name))
+    return torch.randn(like.shape, generator=g, device=like.device, dtype=torch.float32)
+
+
+# ---- 2. perturb and restore -------------------------------------------------------------------------------------
+def perturb(params, master, seed, t, n, sigma, antithetic):
+    """Write master + sigma * sign * eps_n into the working weights, one tensor (and one noise buffer) at a time."""
+    k, sign = member_noise(n, antithetic)
+    with torch.no_grad():
+        for name, p in params.items():
+            eps = noise(seed, t, k, name, master[name])
+            p.copy_(eps.mul_(sigma * sign).add_(master[name]))
+
+
+def restore(params, master):
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(master[name])
+
+
+# ---- 3. score members ---------------------------------------------------------------------------------------------
+def score_members(model, tok, task, examples, members, master, params, args, t, timing):
+    """Members in, rewards out: {n: dict(reward, format, answer, answers=[per prompt: [answer, ...]], solved=[...])}."""
+    prompts = [task.prompt(ex, tok) for ex in examples]
+    S = args.samples if args.temperature > 0 else 1
+    out = {}
+    for n in members:
+        t0 = time.time()
+        perturb(params, master, args.seed, t, n, args.sigma, args.antithetic)
+        t1 = time.time()
+        s = passk.sample(model, tok, prompts, n=S, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                         batch_size=args.batch_size, seed=stream_seed(args.seed, "score", t))  # same seed: CRN
+        parts = [task.parts(c, examples[r // S]) for r, c in enumerate(s.texts)]
+        rewards = [task.reward(c, examples[r // S]) for r, c in enumerate(s.texts)]
+        out[n] = {"reward": float(np.mean(rewards)), "format": float(np.mean([p["format"] for p in parts])),
+                  "answer": float(np.mean([p["answer"] for p in parts])), "tokens": s.tokens,
+                  "answers": [[task.answer(c, examples[i]) for c in s.texts[i * S:(i + 1) * S]]
+                              for i in range(len(examples))],
+                  "solved": [any(p["answer"] >= 1 for p in parts[i * S:(i + 1) * S]) for i in range(len(examples))]}
+        timing["perturb"] += t1 - t0
+        timing["generate"] += time.time() - t1
+    t0 = time.time()
+    restore(params, master)
+    timing["perturb"] += time.time() - t0
+    return out
+
+
+# ---- 4. fitness shaping -------------------------------------------------------------------------------------------
+def shape_fitness(rewards, kind="zscore"):
+    """Rewards [N] -> fitness [N] (float64). All-equal rewards give zeros, never NaN."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.max() == r.min():
+        return np.zeros_like(r)
+    if kind == "zscore":
+        return (r - r.mean()) / (r.std() + 1e-8)
+    if kind == "rank":  # centered ranks in [-0.5, 0.5], tied rewards share their average rank
+        order = np.argsort(r, kind="stable")
+        ranks = np.empty_like(r)
+        ranks[order] = np.arange(len(r), dtype=np.float64)
+        for v in np.unique(r):
+            ranks[r == v] = ranks[r == v].mean()
+        return ranks / (len(r) - 1) - 0.5
+    if kind == "raw":
+        return r - r.mean()
+    raise verify.UsageError(f"unknown --fitness {kind!r} (choose from: zscore, rank, raw)")
+
+
+# ---- 5. update ----------------------------------------------------------------------------------------------------
+def es_update(master, fitness, args, t, init=None):
+    """master += alpha * mean_n(f_n * eps_n) (+ decays), regenerating eps tensor by tensor. Returns the step's L2 norm."""
+    N, sq = len(fitness), 0.0
+    coef = {}  # noise index -> sum of sign * f over the members that use it (an antithetic pair is one draw)
+    for n, f in enumerate(fitness):
+        k, sign = member_noise(n, args.antithetic)
+        coef[k] = coef.get(k, 0.0) + sign * float(f)
+    with torch.no_grad():
+        for name, w in master.items():
+            step = torch.zeros_like(w)
+            for k, c in coef.items():
+                if c != 0.0:
+                    step.add_(noise(args.seed, t, k, name, w), alpha=c)
+            step.mul_(args.alpha / N)
+            if args.weight_decay:
+                step.sub_(w, alpha=args.alpha * args.weight_decay)
+            if args.anchor_decay:
+                step.sub_(w - init[name], alpha=args.alpha * args.anchor_decay)
+            w.add_(step)
+            sq += float(step.double().pow(2).sum())
+    return math.sqrt(sq)
+
+
+def relative_drift(master, init):
+    num = sum(float((master[k].double() - init[k].double()).pow(2).sum()) for k in master)
+    den = sum(float(init[k].double().pow(2).sum()) for k in master)
+    return math.sqrt(num / max(den, 1e-30))
+
+
+# ---- setup, checkpoints -------------------------------------------------------------------------------------------
+def select_params(model, spec):
+    """{name: parameter} to train: all, matrices (2-D), or those whose name matches a regex."""
+    named = dict(model.named_parameters())  # tied weights appear once
+    if spec == "all":
+        return named
+    if spec == "matrices":
+        return {k: p for k, p in named.items() if p.dim() == 2}
+    try:
+        chosen = {k: p for k, p in named.items() if re.search(spec, k)}
+    except re.error as e:
+        raise verify.UsageError(f"--params {spec!r} is not a valid regex: {e}") from None
+    if not chosen:
+        raise verify.UsageError(f"--params {spec!r} matches no parameter")
+    return chosen
+
+
+def check_args(args):
+    if args.sigma <= 0:
+        raise verify.UsageError(f"--sigma must be > 0, got {args.sigma}")
+    if args.population < 2:
+        raise verify.UsageError(f"--population must be >= 2, got {args.population}")
+    if args.antithetic and args.population % 2:
+        raise verify.UsageError(f"--antithetic needs an even --population, got {args.population}")
+    if args.alpha <= 0 or args.prompts < 1 or args.iterations < 0 or args.samples < 1 or args.eval_n < 1:
+        raise verify.UsageError("--alpha, --prompts, --samples and --eval-n must be positive, --iterations >= 0")
+    if args.dtype not in ("fp32", "bf16", "fp16"):
+        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16, fp16)")
+    shape_fitness([0.0, 1.0], args.fitness)  # validates the name
+
+
+def latest_checkpoint(out):
+    ckpts = sorted(d for d in os.listdir(out) if re.fullmatch(r"checkpoint-\d+", d)) if os.path.isdir(out) else []
+    return os.path.join(out, ckpts[-1]) if ckpts else None
+
+
+def save_checkpoint(model, tok, master, args, state):
+    """OUT/checkpoint-NNNNNN with fp32 weights, tokenizer, args.json, state.json; written to a temp dir then renamed."""
+    final = os.path.join(args.out, f"checkpoint-{state['iteration']:06d}")
+    tmp = os.path.join(args.out, f".tmp-{state['iteration']:06d}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    dtype = next(model.parameters()).dtype
+    model.float()  # save the exact fp32 master, whatever the working dtype
+    restore(dict(model.named_parameters()), master)
+    model.save_pretrained(tmp)
+    model.to(dtype)
+    restore(dict(model.named_parameters()), master)
+    tok.save_pretrained(tmp)
+    for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
+        with open(os.path.join(tmp, fname), "w") as f:
+            json.dump(obj, f, indent=1)
+    os.replace(tmp, final)
+    for old in os.listdir(args.out):  # keep only the newest checkpoint
+        if re.fullmatch(r"checkpoint-\d+", old) and os.path.join(args.out, old) != final:
+            shutil.rmtree(os.path.join(args.out, old))
+    return final
+
+
+def log_line(path, rec):
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def setup_distributed(args):
+    """(rank, world, device). Under torchrun (RANK set): nccl on GPU, gloo on CPU; members are split across ranks."""
+    rank, world, local, local_world = 0, 1, 0, 1
+    if "RANK" in os.environ:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and world > 1:
+        device = f"cuda:{local}"
+    if device.startswith("cpu"):
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    return rank, world, device
+
+
+# ---- the loop -----------------------------------------------------------------------------------------------------
+def train(args, model=None, tokenizer=None):
+    """Run ES; returns the trained model (master weights in the working dtype). model/tokenizer: already loaded."""
+    start_it, state = 0, {}
+    if args.resume:
+        ckpt = latest_checkpoint(args.resume)
+        if ckpt is None:
+            raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
+        with open(os.path.join(ckpt, "args.json")) as f:
+            saved = json.load(f)
+        with open(os.path.join(ckpt, "state.json")) as f:
+            state = json.load(f)
+        args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
+                       "device": args.device or saved["device"]})
+        start_it = state["iteration"]
+    check_args(args)
+    rank, world, device = setup_distributed(args)
+    task = verify.get_task(args.task, args.data or None)
+    if model is None or args.resume:
+        model, tokenizer = passk.load_model(ckpt if args.resume else args.model, "fp32", device)
+    base = passk.load_model(args.model, "fp32", device)[0] if args.resume else model
+    # fp32 master (and initial) copies of every parameter; the working weights live in the model, in args.dtype
+    master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    init = {k: p.detach().float().clone() for k, p in base.named_parameters()}
+    del base
+    model.to(dict(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)[args.dtype]).eval()
+    params = select_params(model, args.params)
+    trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
+    train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
+    held_out = task.examples("test", args.eval_problems, seed=1234)
+    mine = [n for n in range(args.population) if n % world == rank]
+    log_path = os.path.join(args.out, "log.jsonl")
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        if start_it == 0:
+            open(log_path, "w").write(json.dumps({"type": "config", "algo": "es", **dataclasses.asdict(args),
+                                                  "trained_params": sum(p.numel() for p in params.values())}) + "\n")
+        else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
+            lines = [ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+            with open(log_path + ".tmp", "w") as f:
+                f.writelines(lines)
+            os.replace(log_path + ".tmp", log_path)
+    gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
+
+    def evaluate(t):
+        summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
+                                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                    seed=stream_seed(args.seed, "eval"), rank=rank, world=world)
+        if rank == 0:
+            log_line(log_path, {"type": "eval", "iteration": t, **summary})
+            print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
+                                                if k.startswith("pass@") or k.endswith("entropy")), flush=True)
+
+    if start_it == 0:
+        evaluate(0)
+    from tqdm import tqdm
+    bar = tqdm(range(start_it, args.iterations), desc="es", disable=rank != 0, file=sys.stderr,
+               initial=start_it, total=args.iterations)
+    for t in bar:
+        t0 = time.time()
+        # 1. the iteration's prompts and the members' seeds derive from (seed, t): nothing to draw or broadcast
+        rng = random.Random(stream_seed(args.seed, "prompts", t))
+        batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))
+        # 2.-3. perturb, score, restore: this rank's members only
+        timing = {"perturb": 0.0, "generate": 0.0}
+        scores = score_members(model, tokenizer, task, batch, mine, master, params, args, t, timing)
+        table = torch.zeros(args.population, 4, dtype=torch.float64)  # reward, format, answer, tokens
+        for n, s in scores.items():
+            table[n] = torch.tensor([s["reward"], s["format"], s["answer"], s["tokens"]], dtype=torch.float64)
+        logs = [{n: (s["answers"], s["solved"]) for n, s in scores.items()}]
+        if world > 1:  # only the N rewards are needed for the update; answers are for the diversity log
+            dist.all_reduce(table)  # each row is filled by exactly one rank, the rest add exact zeros
+            logs = [None] * world
+            dist.all_gather_object(logs, {n: (s["answers"], s["solved"]) for n, s in scores.items()})
+        rewards = table[:, 0].numpy()
+        if not np.isfinite(rewards).all():
+            raise Diverged(f"non-finite reward at iteration {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+        # 4. fitness shaping; 5. the update, identical on every rank
+        fitness = shape_fitness(rewards, args.fitness)
+        t1 = time.time()
+        update_norm = es_update(trained, fitness, args, t, init)
+        if not all(torch.isfinite(w).all() for w in trained.values()):
+            raise Diverged(f"non-finite weights after iteration {t + 1}; "
+                           f"last good checkpoint: {latest_checkpoint(args.out)}")
+        restore(params, master)
+        t_update = time.time() - t1
+        gens += args.population * len(batch) * (args.samples if args.temperature > 0 else 1)
+        tokens += int(table[:, 3].sum())
+        wall += time.time() - t0
+        if rank == 0:
+            merged = {n: v for part in logs for n, v in part.items()}
+            answers = [[merged[n][0][i] for n in range(args.population)] for i in range(len(batch))]
+            rec = {"type": "train", "iteration": t + 1, "reward": float(rewards.mean()),
+                   "reward_std": float(rewards.std()), "reward_min": float(rewards.min()),
+                   "reward_max": float(rewards.max()), "format": float(table[:, 1].mean()),
+                   "answer": float(table[:, 2].mean()),
+                   "js_diversity": float(np.mean([passk.js_diversity(passk.class_counts(a)) for a in answers])),
+                   "coverage": float(np.mean([any(merged[n][1][i] for n in merged) for i in range(len(batch))])),
+                   "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
+                   "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
+                   "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
+            log_line(log_path, rec)
+            bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}", cov=f"{rec['coverage']:.2f}")
+            tqdm.write(f"it {t + 1:4d}  reward {rec['reward']:.3f}±{rec['reward_std']:.3f}  answer {rec['answer']:.3f}"
+                       f"  js {rec['js_diversity']:.3f}  cov {rec['coverage']:.2f}  |step| {update_norm:.3g}"
+                       f"  drift {rec['drift']:.3g}  {rec['evals_per_s']:.1f} evals/s", file=sys.stderr)
+        done = t + 1 == args.iterations
+        if args.eval_every and (t + 1) % args.eval_every == 0 or done:
+            evaluate(t + 1)
+        if (args.save_every and (t + 1) % args.save_every == 0 or done) and rank == 0:
+            save_checkpoint(model, tokenizer, master, args, {"iteration": t + 1, "generations": gens,
+                                                             "tokens": tokens, "wall": wall})
+        if world > 1:
+            dist.barrier()
+    return model
+
+
+def main(args):
+    try:
+        return train(args)
+    except verify.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def parse_args(argv=None):
+    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
+    p = Parser(description=__doc__.split("\n")[0])
+    for f in dataclasses.fields(Args):
+        kind = argparse.BooleanOptionalAction if f.type is bool else None
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
+                       **({"action": kind} if kind else {"type": type(f.default)}))
+    return Args(**vars(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(parse_args())

@@ -1,0 +1,456 @@
+"""grpo.py: GRPO post-training of a causal LM, the faithful baseline (DeepSeekMath GRPO, DAPO, Dr. GRPO, TRL defaults).
+
+for step t = 1..T:  (1) sample G completions for each prompt,  (2) rewards and group-relative advantages,
+(3) token log-probabilities, the clipped surrogate, optional KL to a frozen reference, the loss aggregation,
+(4) one AdamW step (gradient accumulation over micro-batches, gradient clipping); repeated --inner-epochs times.
+
+    python grpo.py                                           # the embedded model on the toy task, a few minutes
+    torchrun --nproc_per_node 8 grpo.py --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --group 8 --prompts 64 \\
+        --lr 1e-6 --beta 0.04 --max-new-tokens 1024 --dtype bf16 --grad-checkpointing
+
+How this differs from the papers and from TRL's GRPOTrainer:
+- Rollouts come from passk.sample, the sampler ES and the evaluation use (same temperature / top-p semantics, the same
+  budget accounting); log-probabilities are taken at the sampling temperature (logits / T), as TRL does.
+- Defaults follow TRL (beta = 0, loss "dapo", scale_rewards "group", std unbiased + 1e-4, eps 0.2 both sides);
+  --beta 0.04 --loss grpo gives DeepSeekMath GRPO, --eps-high 0.28 --loss dapo DAPO's clip-higher (without its
+  dynamic sampling), --scale-rewards none --loss dr_grpo Dr. GRPO.
+- Normalisers (token counts, sequence counts) are computed over the whole step (all micro-batches, all ranks), so
+  gradient accumulation and DDP give the gradient of the full-batch loss.
+- One generation per step; with --inner-epochs > 1 the same rollouts are reused with the old log-probabilities frozen.
+"""
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import passk
+import verify
+
+
+@dataclass
+class Args:
+    model: str = passk.DEFAULT_MODEL
+    """hub id or local directory; default: the embedded model (models/toy)"""
+    task: str = "toy"
+    """countdown | gsm8k | math | toy"""
+    data: str = ""
+    """local data file for the task (jsonl); required by gsm8k and math"""
+    iterations: int = 150
+    """optimizer steps in total (a resumed run continues up to this many)"""
+    prompts: int = 32
+    """prompts per step (split across ranks)"""
+    group: int = 8
+    """G, completions per prompt"""
+    train_problems: int = 2000
+    """size of the training pool the prompts are drawn from each step"""
+    lr: float = 2e-4
+    """AdamW learning rate (real 1.5B models: 1e-6)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping (0: off)"""
+    temperature: float = 1.0
+    """rollout sampling temperature"""
+    top_p: float = 1.0
+    """rollout nucleus mass"""
+    max_new_tokens: int = 16
+    """generation budget per completion"""
+    scale_rewards: str = "group"
+    """group | batch | none: divide advantages by the group's (or batch's) reward std"""
+    loss: str = "dapo"
+    """grpo (sequence mean) | dapo (token mean) | dr_grpo (constant normaliser G * max_new_tokens)"""
+    eps_low: float = 0.2
+    """lower clip: ratio >= 1 - eps_low"""
+    eps_high: float = 0.2
+    """upper clip: ratio <= 1 + eps_high (DAPO clip-higher: 0.28)"""
+    beta: float = 0.0
+    """KL(policy || reference) coefficient, k3 estimator (TRL: 0, DeepSeekMath: 0.04)"""
+    inner_epochs: int = 1
+    """optimizer steps per batch of rollouts (PPO-style reuse with frozen old log-probabilities)"""
+    micro_batch: int = 64
+    """rows per forward/backward (gradient accumulation)"""
+    grad_checkpointing: bool = False
+    """trade compute for activation memory"""
+    dtype: str = "fp32"
+    """fp32 | bf16 | fp16: autocast dtype of the forward passes (weights and optimizer stay fp32)"""
+    batch_size: int = 512
+    """rows per generation batch"""
+    seed: int = 0
+    """run seed: prompt order and sampling derive from it"""
+    eval_every: int = 25
+    """held-out Pass@k every this many steps (and at start and end; 0 = only at start and end)"""
+    eval_n: int = 16
+    """samples per held-out problem (Pass@1..Pass@eval_n)"""
+    eval_problems: int = 200
+    """held-out problems"""
+    save_every: int = 25
+    """checkpoint every this many steps (and at the end)"""
+    out: str = "runs/grpo"
+    """run directory: log.jsonl, checkpoint-NNNNNN/"""
+    resume: str = ""
+    """continue the run saved in this directory (its args, up to --iterations in total)"""
+    device: str = ""
+    """cpu | cuda (default: cuda when available; torchrun: cuda:LOCAL_RANK)"""
+    threads: int = 0
+    """torch CPU threads per process (0: cores / local processes)"""
+
+
+class Diverged(Exception):
+    """Non-finite rewards or weights: the run stops, the last good checkpoint stays."""
+
+
+def stream_seed(*key) -> int:
+    return int.from_bytes(hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest(), "big") >> 1
+
+
+# ---- 2. advantages --------------------------------------------------------------------------------------------------
+def advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
+    """rewards [P, G] -> (r - group mean) / (std + 1e-4); std unbiased, of the group, the batch, or none (Dr. GRPO)."""
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "group":
+        return centered / (rewards.std(dim=1, keepdim=True) + 1e-4)
+    if scale == "batch":
+        return centered / (rewards.std() + 1e-4)
+    if scale == "none":
+        return centered
+    raise verify.UsageError(f"unknown --scale-rewards {scale!r} (choose from: group, batch, none)")
+
+
+# ---- 3. log-probabilities and the loss -------------------------------------------------------------------------------
+def pack(prompt_ids, completion_ids, pad):
+    """Right-padded [B, L] ids, attention mask, and the completion mask over the L-1 predicted positions."""
+    seqs = [p + c for p, c in zip(prompt_ids, completion_ids)]
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    attn = torch.zeros((len(seqs), L), dtype=torch.long)
+    comp = torch.zeros((len(seqs), L - 1), dtype=torch.bool)  # comp[b, j]: position j predicts a completion token
+    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        ids[b, :len(p) + len(c)] = torch.tensor(p + c)
+        attn[b, :len(p) + len(c)] = 1
+        comp[b, len(p) - 1:len(p) + len(c) - 1] = True
+    return ids, attn, comp
+
+
+def token_logprobs(model, ids, attn, temperature):
+    """(log p(token_{j+1} | prefix) [B, L-1], logits [B, L-1, V]) at the sampling temperature."""
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    logits = logits / (temperature if temperature > 0 else 1.0)
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), logits
+
+
+def kl_k3(logp, ref_logp):
+    """k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, 0 when equal)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def surrogate(logp, old_logp, adv, eps_low, eps_high):
+    """Per-token clipped objective to maximise, and whether the clip was active. adv broadcasts over tokens."""
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    obj = torch.minimum(ratio * adv, clipped * adv)
+    return obj, (clipped * adv < ratio * adv)
+
+
+def aggregate(per_token, mask, kind, n_seqs, n_tokens, max_new_tokens):
+    """Sum of this micro-batch's share of the step loss; n_seqs / n_tokens are the whole step's counts.
+
+    grpo: mean over each sequence's tokens, then over sequences; dapo: mean over all tokens of the step;
+    dr_grpo: sum over tokens / (sequences * max_new_tokens), a constant normaliser (no length bias).
+    """
+    per_token = per_token * mask
+    if kind == "grpo":
+        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / n_seqs
+    if kind == "dapo":
+        return per_token.sum() / max(n_tokens, 1)
+    if kind == "dr_grpo":
+        return per_token.sum() / (n_seqs * max_new_tokens)
+    raise verify.UsageError(f"unknown --loss {kind!r} (choose from: grpo, dapo, dr_grpo)")
+
+
+def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, world=1, autocast=None):
+    """Accumulate the gradient of the step loss over micro-batches of args.micro_batch rows; returns sums for logging.
+
+    batch = (ids [B, L], attention [B, L], completion mask [B, L-1], advantages [B]). old_logp / ref_logp: [B, L-1]
+    or None (old = the current policy, detached: ratio 1; no reference: no KL). n_seqs, n_tokens: whole-step counts.
+    """
+    ids, attn, comp, adv = batch
+    B, mb = ids.shape[0], args.micro_batch
+    stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "entropy": 0.0}
+    for i in range(0, B, mb):
+        sl = slice(i, i + mb)
+        sync = model.no_sync() if world > 1 and i + mb < B else nullcontext()  # all-reduce once, at the end
+        with sync, autocast or nullcontext():
+            logp, logits = token_logprobs(model, ids[sl], attn[sl], args.temperature)
+            old = old_logp[sl] if old_logp is not None else logp.detach()
+            obj, clipped = surrogate(logp, old, adv[sl].unsqueeze(-1), args.eps_low, args.eps_high)
+            per_token = -obj
+            if ref_logp is not None:
+                kl = kl_k3(logp, ref_logp[sl])
+                per_token = per_token + args.beta * kl
+            loss = aggregate(per_token, comp[sl], args.loss, n_seqs, n_tokens, args.max_new_tokens) * world
+            loss.backward()
+        m = comp[sl]
+        with torch.no_grad():
+            stats["entropy"] += float((passk.token_entropy(logits, 1.0) * m).sum())  # logits are already / T
+            stats["kl"] += float((kl * m).sum()) if ref_logp is not None else 0.0
+            stats["clip"] += float((clipped.float() * m).sum())
+            stats["loss"] += loss.item() / world
+    return stats
+
+
+# ---- setup, checkpoints ---------------------------------------------------------------------------------------------
+def check_args(args, world):
+    if args.group < 2:
+        raise verify.UsageError(f"--group must be >= 2, got {args.group}")
+    if args.prompts < 1 or args.prompts % world:
+        raise verify.UsageError(f"--prompts must be a positive multiple of the world size {world}, got {args.prompts}")
+    if args.lr <= 0 or args.micro_batch < 1 or args.inner_epochs < 1 or args.eval_n < 1 or args.iterations < 0:
+        raise verify.UsageError("--lr, --micro-batch, --inner-epochs and --eval-n must be positive, --iterations >= 0")
+    if args.eps_low < 0 or args.eps_high < 0 or args.beta < 0:
+        raise verify.UsageError("--eps-low, --eps-high and --beta must be >= 0")
+    if args.dtype not in ("fp32", "bf16", "fp16"):
+        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16, fp16)")
+    advantages(torch.zeros(1, 2), args.scale_rewards)
+    aggregate(torch.zeros(1, 1), torch.ones(1, 1), args.loss, 1, 1, 1)
+
+
+def latest_checkpoint(out):
+    ckpts = sorted(d for d in os.listdir(out) if re.fullmatch(r"checkpoint-\d+", d)) if os.path.isdir(out) else []
+    return os.path.join(out, ckpts[-1]) if ckpts else None
+
+
+def save_checkpoint(model, tok, opt, args, state):
+    """OUT/checkpoint-NNNNNN: weights, tokenizer, optimizer.pt, args.json, state.json; temp dir, then rename."""
+    final = os.path.join(args.out, f"checkpoint-{state['iteration']:06d}")
+    tmp = os.path.join(args.out, f".tmp-{state['iteration']:06d}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
+        with open(os.path.join(tmp, fname), "w") as f:
+            json.dump(obj, f, indent=1)
+    os.replace(tmp, final)
+    for old in os.listdir(args.out):
+        if re.fullmatch(r"checkpoint-\d+", old) and os.path.join(args.out, old) != final:
+            shutil.rmtree(os.path.join(args.out, old))
+    return final
+
+
+def log_line(path, rec):
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def setup_distributed(args):
+    """(rank, world, device). Under torchrun (RANK set): nccl on GPU, gloo on CPU; prompts are split across ranks."""
+    rank, world, local, local_world = 0, 1, 0, 1
+    if "RANK" in os.environ:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and world > 1:
+        device = f"cuda:{local}"
+    if device.startswith("cpu"):
+        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
+    return rank, world, device
+
+
+# ---- the loop -------------------------------------------------------------------------------------------------------
+def train(args, model=None, tokenizer=None):
+    """Run GRPO; returns the trained model. model/tokenizer: already loaded (e.g. by a schedule), else args.model."""
+    start_it, state, ckpt = 0, {}, None
+    if args.resume:
+        ckpt = latest_checkpoint(args.resume)
+        if ckpt is None:
+            raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
+        with open(os.path.join(ckpt, "args.json")) as f:
+            saved = json.load(f)
+        with open(os.path.join(ckpt, "state.json")) as f:
+            state = json.load(f)
+        args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
+                       "device": args.device or saved["device"]})
+        start_it = state["iteration"]
+    rank, world, device = setup_distributed(args)
+    check_args(args, world)
+    task = verify.get_task(args.task, args.data or None)
+    if model is None or ckpt:
+        model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
+    model.float()
+    ref = None
+    if args.beta > 0:  # the frozen reference is the model we start from (the base, also when resuming)
+        ref = passk.load_model(args.model, "fp32", device)[0] if ckpt else copy.deepcopy(model)
+        ref.requires_grad_(False).eval()
+    if args.grad_checkpointing:
+        model.activation_checkpointing_enable()  # transformers 5 name of gradient checkpointing
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    if ckpt:
+        opt.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    autocast = (torch.autocast(device.split(":")[0], dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
+                if args.dtype != "fp32" else nullcontext())
+    train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
+    held_out = task.examples("test", args.eval_problems, seed=1234)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    log_path = os.path.join(args.out, "log.jsonl")
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        if start_it == 0:
+            open(log_path, "w").write(json.dumps({"type": "config", "algo": "grpo", **dataclasses.asdict(args)}) + "\n")
+        else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
+            lines = [ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+            with open(log_path + ".tmp", "w") as f:
+                f.writelines(lines)
+            os.replace(log_path + ".tmp", log_path)
+    gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
+
+    def evaluate(t):
+        model.eval()
+        summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
+                                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                    seed=stream_seed(args.seed, "eval"), rank=rank, world=world)
+        if rank == 0:
+            log_line(log_path, {"type": "eval", "iteration": t, **summary})
+            print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
+                                                if k.startswith("pass@") or k.endswith("entropy")), flush=True)
+
+    if start_it == 0:
+        evaluate(0)
+    from tqdm import tqdm
+    bar = tqdm(range(start_it, args.iterations), desc="grpo", disable=rank != 0, file=sys.stderr,
+               initial=start_it, total=args.iterations)
+    for t in bar:
+        t0 = time.time()
+        # 1. this rank's share of the step's prompts, G samples each
+        rng = random.Random(stream_seed(args.seed, "prompts", t))
+        batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))[rank::world]
+        model.eval()
+        s = passk.sample(model, tokenizer, [task.prompt(ex, tokenizer) for ex in batch], n=args.group,
+                         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                         batch_size=args.batch_size, seed=stream_seed(args.seed, "rollout", t),
+                         keys=range(rank, world * len(batch), world))  # global indices: rollouts independent of world
+        t_gen = time.time() - t0
+        # 2. rewards and group-relative advantages (batch std over all ranks' rewards)
+        ex_of = [batch[r // args.group] for r in range(len(s.texts))]
+        parts = [task.parts(c, ex) for c, ex in zip(s.texts, ex_of)]
+        rewards = torch.tensor([task.reward(c, ex) for c, ex in zip(s.texts, ex_of)],
+                               dtype=torch.float32).view(-1, args.group)  # [P_local, G]
+        if not torch.isfinite(rewards).all():
+            raise Diverged(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+        if world > 1 and args.scale_rewards == "batch":
+            everyone = [torch.zeros_like(rewards) for _ in range(world)]
+            dist.all_gather(everyone, rewards)
+            adv = advantages(torch.cat(everyone), "batch")[rank * len(batch):(rank + 1) * len(batch)]
+        else:
+            adv = advantages(rewards, args.scale_rewards)
+        adv = adv.reshape(-1)  # [B] one advantage per completion
+        ids, attn, comp = pack(s.prompt_ids, s.completion_ids, pad)
+        ids, attn, comp, adv = ids.to(device), attn.to(device), comp.to(device).float(), adv.to(device)
+        batch_t = (ids, attn, comp, adv)
+        # normalisers over the whole step: all micro-batches, all ranks (DDP averages gradients, hence * world)
+        counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(counts)
+        n_seqs, n_tokens = float(counts[0]), float(counts[1])
+        B, mb = ids.shape[0], args.micro_batch
+        old_logp = ref_logp = None  # frozen log-probs of the rollout policy (inner epochs) and of the reference
+        if args.inner_epochs > 1 or ref is not None:
+            with torch.no_grad(), autocast:
+                if args.inner_epochs > 1:
+                    old_logp = torch.cat([token_logprobs(model, ids[i:i + mb], attn[i:i + mb], args.temperature)[0]
+                                          for i in range(0, B, mb)])
+                if ref is not None:
+                    ref_logp = torch.cat([token_logprobs(ref, ids[i:i + mb], attn[i:i + mb], args.temperature)[0]
+                                          for i in range(0, B, mb)])
+        # 3.-4. loss, accumulated gradients, one AdamW step per inner epoch
+        model.train()
+        stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "entropy": 0.0}
+        for epoch in range(args.inner_epochs):
+            opt.zero_grad(set_to_none=True)
+            for k, v in backward_step(ddp, batch_t, old_logp, ref_logp, args, n_seqs, n_tokens, world,
+                                      autocast).items():
+                stats[k] += v if k in ("loss", "clip") or epoch == 0 else 0.0  # entropy, kl: of the rollout policy
+            if args.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            opt.step()
+        local_tokens = float(comp.sum())
+        bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise Diverged(f"non-finite weights after step {t + 1} ({bad[0]}); "
+                           f"last good checkpoint: {latest_checkpoint(args.out)}")
+        gens += len(s.texts) * world
+        tokens += s.tokens * world
+        wall += time.time() - t0
+        if rank == 0:
+            rec = {"type": "train", "iteration": t + 1, "reward": float(rewards.mean()),
+                   "reward_std": float(rewards.std()), "reward_min": float(rewards.min()),
+                   "reward_max": float(rewards.max()),
+                   "format": float(np.mean([p["format"] for p in parts])),
+                   "answer": float(np.mean([p["answer"] for p in parts])),
+                   "token_entropy": stats["entropy"] / max(local_tokens, 1),
+                   "clip_frac": stats["clip"] / max(local_tokens * args.inner_epochs, 1),
+                   "kl": stats["kl"] / max(local_tokens, 1), "loss": stats["loss"] / args.inner_epochs,
+                   "zero_std_frac": float((rewards.std(dim=1) == 0).float().mean()),
+                   "mean_length": local_tokens / len(s.texts), "generations": gens, "tokens": tokens, "wall": wall,
+                   "time_generate": t_gen, "time_update": time.time() - t0 - t_gen}
+            log_line(log_path, rec)
+            bar.set_postfix(reward=f"{rec['reward']:.3f}", H=f"{rec['token_entropy']:.2f}")
+            tqdm.write(f"step {t + 1:4d}  reward {rec['reward']:.3f}  answer {rec['answer']:.3f}  "
+                       f"H {rec['token_entropy']:.3f}  clip {rec['clip_frac']:.3f}  kl {rec['kl']:.4f}  "
+                       f"zero-std {rec['zero_std_frac']:.2f}  len {rec['mean_length']:.1f}", file=sys.stderr)
+        done = t + 1 == args.iterations
+        if args.eval_every and (t + 1) % args.eval_every == 0 or done:
+            evaluate(t + 1)
+        if (args.save_every and (t + 1) % args.save_every == 0 or done) and rank == 0:
+            save_checkpoint(model, tokenizer, opt, args, {"iteration": t + 1, "generations": gens, "tokens": tokens,
+                                                          "wall": wall})
+        if world > 1:
+            dist.barrier()
+    return model
+
+
+def main(args):
+    try:
+        return train(args)
+    except verify.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def parse_args(argv=None):
+    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
+    p = Parser(description=__doc__.split("\n")[0])
+    for f in dataclasses.fields(Args):
+        kind = argparse.BooleanOptionalAction if f.type is bool else None
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
+                       **({"action": kind} if kind else {"type": type(f.default)}))
+    return Args(**vars(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(parse_args())

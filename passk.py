@@ -1,0 +1,410 @@
+"""passk.py: the one sampler, Pass@k, entropies, diversity, and the evaluation CLI.
+
+ES (es.py), GRPO (grpo.py) and every evaluation generate text through `sample` below and are scored by the same
+metrics, so "the same budget" and "the same Pass@k" mean the same thing for every algorithm.
+
+    python passk.py --task toy --n 64 --plot toy.png                  # the embedded model (models/toy)
+    python passk.py --model Qwen/Qwen2.5-1.5B-Instruct --task math --data ../shared/data/math500.jsonl --n 16
+    python passk.py --compare base.jsonl es.jsonl grpo.jsonl --plot cmp.png   # overlay Pass@k curves
+
+The sampler draws token t of completion j of prompt i by inverse-CDF sampling with a uniform number taken from a
+stream seeded by (seed, i, j) alone. So a completion depends only on the model, the prompt and that triple: not on the
+batch size, on which other prompts share the batch, or on the device (the uniforms are drawn on the CPU). Two models
+sampled with the same seed see the same random numbers (common random numbers: ES members are compared on equal
+terms), and a run is reproducible to the bit on a given machine.
+"""
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import verify
+
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
+
+
+# ---- Pass@k and diversity -------------------------------------------------------------------------------------
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), as a stable product."""
+    if not 0 < k <= n:
+        raise verify.UsageError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if not 0 <= c <= n:
+        raise verify.UsageError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def entropy_bits(counts) -> float:
+    """Shannon entropy (bits) of a histogram."""
+    p = np.asarray(counts, dtype=np.float64)
+    p = p[p > 0] / p.sum()
+    return float(-(p * np.log2(p)).sum()) if p.size else 0.0
+
+
+def js_diversity(counts) -> float:
+    """Verifier-projected Jensen-Shannon diversity of one prompt, in bits (<= log2 N).
+
+    counts[i][c] = how many of member i's completions fall in verifier class c (correct/incorrect, or canonical
+    answers). q_i = counts[i] / sum; diversity = H(mean_i q_i) - mean_i H(q_i). Members with no samples are skipped.
+    """
+    q = np.asarray(counts, dtype=np.float64)
+    q = q[q.sum(1) > 0]
+    if len(q) == 0:
+        return 0.0
+    q = q / q.sum(1, keepdims=True)
+    return max(0.0, entropy_bits(q.mean(0)) - float(np.mean([entropy_bits(row) for row in q])))
+
+
+def class_counts(answers_per_member):
+    """[[answer of member i on one prompt, ...], ...] -> the counts matrix js_diversity takes (None is a class)."""
+    classes = sorted({repr(a) for row in answers_per_member for a in row})
+    index = {c: j for j, c in enumerate(classes)}
+    counts = np.zeros((len(answers_per_member), len(classes)))
+    for i, row in enumerate(answers_per_member):
+        for a in row:
+            counts[i, index[repr(a)]] += 1
+    return counts
+
+
+def answer_entropy(answers) -> float:
+    """Entropy (bits) of the canonical final answers of a set of completions (None, no answer, is one class)."""
+    return entropy_bits(class_counts([answers])[0])
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Exact entropy (nats) of softmax(logits / T) over the last dim; T <= 0 (greedy) reports T = 1."""
+    logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+# ---- models -----------------------------------------------------------------------------------------------------
+def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
+    """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # our own bars only: stderr stays readable (and one line on error)
+    path = os.path.expanduser(name)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+        ckpts = sorted(d for d in os.listdir(path) if d.startswith("checkpoint-"))
+        if not ckpts:
+            raise verify.UsageError(f"model directory {name} has neither config.json nor checkpoint-* folders")
+        path = os.path.join(path, ckpts[-1])
+    elif not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
+        raise verify.UsageError(f"model path does not exist: {name}")
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt).to(device)
+    except (OSError, ValueError) as e:
+        raise verify.UsageError(f"cannot load model {name}: {str(e).strip().splitlines()[0]}") from None
+    model.eval()
+    return model, tok
+
+
+# ---- the one sampler -------------------------------------------------------------------------------------------
+@dataclass
+class Samples:
+    """Completions in prompt-major order: row i*n + j is sample j of prompt i."""
+    texts: list          # decoded completion (special tokens dropped)
+    prompt_ids: list     # token ids of the prompt
+    completion_ids: list  # generated ids, EOS included when produced, no padding
+    entropy_sum: list    # per completion: sum over its tokens of the sampling distribution's entropy (nats)
+    tokens: int          # total generated tokens
+
+    def mean_token_entropy(self) -> float:
+        n = sum(len(c) for c in self.completion_ids)
+        return sum(self.entropy_sum) / max(n, 1)
+
+
+def _row_uniforms(seed: int, key: int, j: int, steps: int) -> torch.Tensor:
+    key = hashlib.blake2b(f"sample:{seed}:{key}:{j}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(key, "big") >> 1)
+    return torch.rand(steps, generator=g, dtype=torch.float64)
+
+
+def _pick(logits, u, temperature, top_p):
+    """Next token per row: argmax when temperature <= 0, else inverse-CDF sampling of the top-p set with u [B]."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1).double()
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(-1, descending=True)
+        keep = (probs.cumsum(-1) - probs) < top_p  # smallest prefix whose mass reaches top_p (first token kept)
+        probs = probs * keep
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp(max=probs.shape[-1] - 1).squeeze(-1)
+    return idx if order is None else order.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, batch_size=64, seed=0,
+           keys=None, progress=False) -> Samples:
+    """Generate n completions for each prompt (left padding, attention mask, KV cache, stop at EOS).
+
+    keys[i] (default i) names prompt i's random stream: sample j of prompt i uses the uniforms of (seed, keys[i], j),
+    so a caller that shards prompts across ranks passes their global indices and gets the unsharded samples.
+    """
+    keys = list(range(len(prompts))) if keys is None else list(keys)
+    device = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+    bos = tokenizer.bos_token
+    enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
+    rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+    out_ids, ent = [None] * len(rows), [0.0] * len(rows)
+    chunks = range(0, len(rows), batch_size)
+    if progress:
+        from tqdm import tqdm
+        chunks = tqdm(chunks, desc="sampling", unit="batch", file=sys.stderr)
+    for start in chunks:
+        block = rows[start:start + batch_size]
+        B, L = len(block), max(len(enc[i]) for i, _ in block)
+        ids = torch.full((B, L), pad, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, (i, _) in enumerate(block):  # left padding: every prompt ends at column L-1
+            ids[b, L - len(enc[i]):] = torch.tensor(enc[i])
+            mask[b, L - len(enc[i]):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        u = torch.stack([_row_uniforms(seed, keys[i], j, max_new_tokens) for i, j in block]).to(device)  # [B, T]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions count real tokens only
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        gen = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=device)
+        ent_sum = torch.zeros(B, dtype=torch.float64, device=device)
+        cache, step_ids = None, ids
+        for t in range(max_new_tokens):
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]  # logits [B, V]
+            tok = _pick(logits, u[:, t], temperature, top_p)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            ent_sum += torch.where(done, 0.0, token_entropy(logits, temperature).double())
+            gen[:, t] = tok
+            done |= tok == eos
+            if bool(done.all()):
+                break
+            step_ids = tok.unsqueeze(-1)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            pos = pos[:, -1:] + 1
+        gen, ent_sum = gen.cpu().tolist(), ent_sum.cpu().tolist()
+        for b in range(B):
+            row = gen[b]
+            length = row.index(eos) + 1 if eos in row[:t + 1] else t + 1
+            out_ids[start + b], ent[start + b] = row[:length], ent_sum[b]
+    texts = tokenizer.batch_decode([[x for x in c if x != eos] for c in out_ids], skip_special_tokens=True)
+    return Samples(texts, [enc[i] for i, _ in rows], out_ids, ent, sum(len(c) for c in out_ids))
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------------
+def default_ks(n):
+    return [2 ** i for i in range(int(math.log2(n)) + 1)]
+
+
+def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, top_p=1.0, max_new_tokens=16,
+             batch_size=64, seed=0, progress=False, rank=0, world=1):
+    """Pass@k for each k, answer and token entropy, mean length and reward over n samples per problem.
+
+    With world > 1 every rank samples the problems i with i % world == rank and the per-problem records are
+    gathered (torch.distributed must be initialised); every rank returns the same summary.
+    """
+    ks = ks or default_ks(n)
+    mine = [(i, ex) for i, ex in enumerate(examples) if i % world == rank]
+    s = sample(model, tokenizer, [task.prompt(ex, tokenizer) for _, ex in mine], n=n, temperature=temperature,
+               top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+               keys=[i for i, _ in mine], progress=progress)
+    records = []
+    for r, (i, ex) in enumerate(mine):
+        texts = s.texts[r * n:(r + 1) * n]
+        ids = s.completion_ids[r * n:(r + 1) * n]
+        answers = [task.answer(t, ex) for t in texts]
+        records.append({"index": i, "correct": sum(task.parts(t, ex)["answer"] >= 1.0 for t in texts),
+                        "reward": float(np.mean([task.reward(t, ex) for t in texts])),
+                        "answer_entropy": answer_entropy(answers),
+                        "entropy_sum": sum(s.entropy_sum[r * n:(r + 1) * n]), "tokens": sum(map(len, ids)),
+                        "example": texts[0]})
+    if world > 1:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, records)
+        records = sorted((x for part in gathered for x in part), key=lambda x: x["index"])
+    tokens = sum(x["tokens"] for x in records)
+    summary = {f"pass@{k}": float(np.mean([pass_at_k(n, x["correct"], k) for x in records])) for k in ks}
+    summary.update(answer_entropy=float(np.mean([x["answer_entropy"] for x in records])),
+                   token_entropy=sum(x["entropy_sum"] for x in records) / max(tokens, 1),
+                   mean_length=tokens / (n * len(records)), reward=float(np.mean([x["reward"] for x in records])),
+                   problems=len(records), n=n)
+    return summary, records
+
+
+# ---- CLI ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Args:
+    model: str = DEFAULT_MODEL
+    """hub id or local directory (a run directory loads its latest checkpoint); default: the embedded model"""
+    task: str = "toy"
+    """countdown | gsm8k | math | toy"""
+    data: str = ""
+    """local data file for the task (jsonl); required by gsm8k and math"""
+    split: str = "test"
+    """which split of the task to evaluate"""
+    problems: int = 200
+    """number of problems"""
+    n: int = 64
+    """samples per problem"""
+    k: str = ""
+    """comma list of k, '...' continues a doubling (1,2,4,...,64); default: powers of two up to n"""
+    temperature: float = 1.0
+    """sampling temperature (0: greedy)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    max_new_tokens: int = 16
+    """generation budget per completion"""
+    batch_size: int = 256
+    """rows per generation batch"""
+    seed: int = 0
+    """sampling seed (the problems come from the task's own seed, 1234)"""
+    dtype: str = "fp32"
+    """fp32 | bf16 | fp16"""
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    """torch device"""
+    out: str = ""
+    """write config, per-problem records and the summary to this jsonl"""
+    plot: str = ""
+    """write a Pass@k plot (log2 k) to this png"""
+    compare: list = dataclasses.field(default_factory=list)
+    """overlay the Pass@k curves of these jsonl files (written by --out) instead of evaluating"""
+
+
+def parse_ks(text, n):
+    if not text:
+        return default_ks(n)
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        if "..." in parts:  # 1,2,4,...,64: continue the ratio of the two numbers before '...'
+            i = parts.index("...")
+            head, last = [int(p) for p in parts[:i]], int(parts[i + 1])
+            ratio = head[-1] // head[-2] if len(head) > 1 and head[-2] else 2
+            while head[-1] * ratio <= last:
+                head.append(head[-1] * ratio)
+            ks = sorted(set(head + [last] + [int(p) for p in parts[i + 2:]]))
+        else:
+            ks = sorted({int(p) for p in parts})
+    except (ValueError, IndexError):
+        raise verify.UsageError(f"--k must be a comma list of integers like 1,2,4,...,64, got {text!r}") from None
+    if ks[0] < 1 or ks[-1] > n:
+        raise verify.UsageError(f"every k must satisfy 1 <= k <= n = {n}, got --k {text}")
+    return ks
+
+
+def plot_curves(runs, path):
+    """runs: [(label, {k: pass@k})] -> one png, log2 k on x."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise verify.UsageError("--plot needs matplotlib (pip install matplotlib)") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curve in runs:
+        ks = sorted(curve)
+        ax.plot(ks, [curve[k] for k in ks], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("Pass@k")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def read_summary(path):
+    """(label, {k: pass@k}) from a jsonl written by --out, or a training log.jsonl (its last eval line)."""
+    label, curve = os.path.basename(path), None
+    try:
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                rec = json.loads(line)
+                if rec.get("type") == "config":
+                    label = os.path.basename(str(rec.get("model", label)).rstrip("/")) + f" ({os.path.basename(path)})"
+                curve = {int(k[5:]): v for k, v in rec.items() if k.startswith("pass@")} or curve
+    except FileNotFoundError:
+        raise verify.UsageError(f"no such file: {path}") from None
+    except json.JSONDecodeError:
+        raise verify.UsageError(f"{path}:{lineno}: not valid JSON") from None
+    if not curve:
+        raise verify.UsageError(f"{path}: no pass@k record found")
+    return label, curve
+
+
+def main(args):
+    if args.compare:
+        runs = [read_summary(p) for p in args.compare]
+        for label, curve in runs:
+            print(f"{label:40s} " + "  ".join(f"@{k}={curve[k]:.3f}" for k in sorted(curve)))
+        if args.plot:
+            plot_curves(runs, args.plot)
+            print(f"plot: {args.plot}")
+        return runs
+    task = verify.get_task(args.task, args.data or None)
+    ks = parse_ks(args.k, args.n)
+    examples = task.examples(args.split, args.problems, seed=1234)
+    model, tok = load_model(args.model, args.dtype, args.device)
+    summary, records = evaluate(model, tok, task, examples, n=args.n, ks=ks, temperature=args.temperature,
+                                top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                seed=args.seed, progress=True)
+    print(f"{args.model}  task={args.task}  problems={len(examples)}  n={args.n}  T={args.temperature}")
+    print("   k  pass@k")
+    for k in ks:
+        print(f"{k:4d}  {summary[f'pass@{k}']:.4f}")
+    print(f"answer entropy {summary['answer_entropy']:.3f} bits  token entropy {summary['token_entropy']:.3f} nats"
+          f"  mean length {summary['mean_length']:.1f} tokens  reward {summary['reward']:.3f}")
+    if args.out:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"type": "config", **dataclasses.asdict(args)}) + "\n")
+            for r in records:
+                f.write(json.dumps({"type": "problem", **r}) + "\n")
+            f.write(json.dumps({"type": "summary", **summary}) + "\n")
+        os.replace(tmp, args.out)
+    if args.plot:
+        plot_curves([(os.path.basename(args.model.rstrip("/")),
+                      {k: summary[f"pass@{k}"] for k in ks})], args.plot)
+        print(f"plot: {args.plot}")
+    return summary
+
+
+def parse_args(argv=None):
+    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(2)
+    p = Parser(description=__doc__.split("\n")[0])
+    for f in dataclasses.fields(Args):
+        if f.default_factory is not dataclasses.MISSING:  # list fields
+            p.add_argument("--" + f.name.replace("_", "-"), nargs="+", default=[])
+        else:
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    return Args(**vars(p.parse_args(argv)))
+
+
+def cli(argv=None):
+    try:
+        main(parse_args(argv))
+    except verify.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,813 @@
+"""The project's tests: verify.py (verifiers, adversarial inputs, MATH-500 and GSM8K round trips, tasks), passk.py
+(Pass@k, diversity, the sampler, the CLI), the embedded model and toy.py, es.py and grpo.py. Run: python -m pytest -q test_all.py"""
+import json
+import os
+import random
+import time
+
+import pytest
+
+import verify
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'shared', 'data')
+MATH500 = os.path.join(DATA, 'math500.jsonl')
+GSM8K = os.path.join(DATA, 'gsm8k_test100.jsonl')
+
+
+def _rows(path):
+    with open(path, encoding='utf-8') as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---- Countdown -----------------------------------------------------------------------------------------------------
+A = '<answer>{}</answer>'
+COUNTDOWN = [  # (completion, numbers, target, expected reward)
+    (A.format('(1 + 2) * 3'), [1, 2, 3], 9, 1.0),
+    (A.format(' 3*(2+1) '), [1, 2, 3], 9, 1.0),
+    (A.format('1+2+3'), [1, 2, 3], 9, 0.1),                      # wrong value
+    (A.format('44 + 19 + 35'), [44, 19, 35], 98, 1.0),
+    ('<think>hm</think>\n' + A.format('\n44+19+35\n'), [44, 19, 35], 98, 1.0),
+    (A.format('2.0*3'), [2, 3], 6, 1.0),                          # 2.0 counts as 2
+    (A.format('2.5*2'), [2, 2], 5, 0.1),                          # 2.5 is not a given number
+    (A.format('1-2'), [1, 2], -1, 1.0),                           # negative target
+    (A.format('1-2'), [1, 2], '-1', 1.0),                         # target given as a string
+    (A.format('1/2'), [1, 2], 0.5, 1.0),                          # non-integer target
+    (A.format('1/2'), [1, 2], '0.5', 1.0),
+    (A.format('7/3'), [7, 3], 7 / 3, 1.0),                        # float target within 1e-5
+    (A.format('1/(2-2)'), [1, 2, 2], 1, 0.1),                     # division by zero
+    (A.format('3*3'), [3, 4], 9, 0.1),                            # reused number, one missing
+    (A.format('3+4'), [3, 4, 5], 7, 0.1),                         # missing number
+    (A.format('3+4+5'), [3, 4], 12, 0.1),                         # extra number
+    (A.format('34'), [3, 4], 34, 0.1),                            # concatenated digits
+    (A.format('2**3'), [2, 3], 8, 0.1),
+    (A.format('6//3'), [6, 3], 2, 0.1),
+    (A.format('7%4'), [7, 4], 3, 0.1),
+    (A.format("__import__('os').system('ls')"), [1], 1, 0.1),   # code injection: never run
+    (A.format('1+1;import os'), [1, 1], 2, 0.1),
+    (A.format('(lambda: 9)()'), [9], 9, 0.1),
+    (A.format('[1][0]+2'), [1, 2], 3, 0.1),
+    (A.format('9' * 5000), [9], 9, 0.1),                          # huge number
+    (A.format('(' * 5000 + '1' + ')' * 5000), [1], 1, 0.1),       # deep nesting, over the length bound
+    (A.format('(' * 300 + '1' + ')' * 300), [1], 1, 0.1),         # deep nesting, under the length bound
+    (A.format('-' * 500 + '1'), [1], 1, 1.0),                     # unary chain: legal, no recursion
+    (A.format('-' * 501 + '1'), [1], 1, 0.1),
+    (A.format('1' + '*1' * 400), [1] * 401, 1, 1.0),              # long but legal
+    (A.format('３+4'), [3, 4], 7, 0.1),                            # full-width digit
+    (A.format('٣+4'), [3, 4], 7, 0.1),                             # Arabic-Indic digit
+    (A.format('3_0+1'), [30, 1], 31, 0.1),                        # Python's digit separator
+    (A.format('1e1+0'), [10, 0], 10, 0.1),
+    (A.format('x+1'), [1], 1, 0.1),
+    (A.format(''), [1, 2], 3, 0.1),                               # empty answer
+    (A.format('   '), [1, 2], 3, 0.1),
+    (A.format('1+'), [1], 1, 0.1),                                # unparsable
+    (A.format('(1+2'), [1, 2], 3, 0.1),
+    (A.format('1 2'), [1, 2], 3, 0.1),
+    (A.format('.5+1'), [1], 1.5, 0.1),                            # literal must be \d+(\.\d+)?
+    (A.format('-1+2'), [1, 2], 1, 1.0),                           # unary minus is allowed
+    ('<answer>1+2', [1, 2], 3, 0.0),                              # unclosed tag
+    ('1+2', [1, 2], 3, 0.0),                                      # no tag
+    ('', [1, 2], 3, 0.0),
+    (A.format('1+2') + A.format('1*2'), [1, 2], 3, 0.1),          # only the last answer counts ...
+    (A.format('1*2') + A.format('1+2'), [1, 2], 3, 1.0),          # ... in both directions
+    (A.format('1+2') + '<answer>oops', [1, 2], 3, 1.0),           # a trailing unclosed tag is no answer
+    ('<answer>junk<answer>1+2</answer>', [1, 2], 3, 1.0),
+    (A.format('99-98') * 3, [99, 98], 1, 1.0),
+    (A.format('1.00001+2'), [1, 2], 3, 0.1),
+]
+
+
+@pytest.mark.parametrize('completion,numbers,target,expected', COUNTDOWN)
+def test_countdown_reward(completion, numbers, target, expected):
+    start = time.time()
+    assert verify.countdown_reward(completion, numbers, target) == expected
+    assert time.time() - start < 0.5
+
+
+@pytest.mark.parametrize('expr,numbers,target,expected', [
+    ('(1+2)*3', [1, 2, 3], 9, (True, True)), ('((1)+2)*3', [3, 2, 1], '9', (True, True)),
+    ('1+2', [1, 2], 9, (True, False)), ('1/0', [1, 0], 1, (True, False)), ('1+2', [1, 2], 'three', (True, False)),
+    ('2**3', [2, 3], 8, (False, False)), ('', [], 0, (False, False)), ('abc', [1], 1, (False, False)),
+    ('1.', [1], 1, (False, False)), ('1' * 31, [int('1' * 31)], int('1' * 31), (False, False)),
+    ('99' + '*99' * 40, [99] * 41, 1, (True, False)),           # 99**41 passes the 10**60 cap: refused, not correct
+])
+def test_check_expression(expr, numbers, target, expected):
+    assert verify.check_expression(expr, numbers, target) == expected
+
+
+def test_answer_only_in_prompt_earns_nothing():
+    task = verify.get_task('countdown')
+    example = {'numbers': [1, 2], 'target': 3}
+    assert '<answer>' in task.prompt(example)
+    assert task.reward('I am not sure.', example) == 0.0
+    assert task.parts('I am not sure.', example) == {'format': 0.0, 'answer': 0.0}
+
+
+# ---- \boxed{} ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('text,expected', [
+    ('so \\boxed{5}.', '5'),
+    ('\\boxed{\\frac{1}{2}}', '\\frac{1}{2}'),
+    ('\\boxed{a{b{c}}d}', 'a{b{c}}d'),
+    ('\\boxed{1} then \\boxed{2}', '2'),
+    ('\\fbox{7}', '7'),
+    ('\\boxed{1} and \\fbox{x^{2}}', 'x^{2}'),
+    ('\\boxed 5 is it', '5'),
+    ('$\\boxed 5$', '5'),
+    ('\\boxed{\\{1,2\\}}', '\\{1,2\\}'),
+    ('no box here', None),
+    ('\\boxed{1', None),
+    ('\\boxed{1}\\boxed{{2}', None),
+    ('\\boxed', None),
+    ('', None),
+])
+def test_extract_boxed(text, expected):
+    assert verify.extract_boxed(text) == expected
+
+
+# ---- MATH equivalence ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('pred,gold,expected', [
+    ('\\frac12', '0.5', True),
+    ('0.5', '\\dfrac{1}{2}', True),
+    ('1/2', '\\frac12', True),
+    ('\\tfrac{1}{2}', '\\frac{1}{2}', True),
+    ('(3,\\frac{\\pi}{2})', '\\left( 3, \\frac{\\pi}{2} \\right)', True),
+    ('10\\%', '10', True),
+    ('90^\\circ', '90', True),
+    ('90^{\\circ}', '90', True),
+    ('\\text{(C)}', 'C', True),
+    ('(C)', '\\text{(C)}', True),
+    ('1,000', '1000', True),
+    ('\\$32,\\!348', '32348', True),
+    ('x=5', '5', True),
+    ('y = 2x + 3', '2x+3', True),
+    ('2\\sqrt{3}', '\\sqrt{12}', True),
+    ('11\\sqrt2', '11\\sqrt{2}', True),
+    ('\\frac{3\\sqrt{3}}{4}', '\\frac{3}{4}\\sqrt{3}', True),
+    ('(x+1)^2', 'x^2+2x+1', True),
+    ('-2+7i', '7i-2', True),
+    ('1\\frac{4}{5}', '\\frac{9}{5}', True),
+    ('\\frac{270}7\\text{ degrees}', '\\frac{270}{7}', True),
+    ('15\\mbox{ cm}^2', '15', True),
+    ('\\text{east}', 'East', True),
+    ('3, 5, 7', '7,5,3', True),
+    ('\\{1,2\\}', '\\{2,1\\}', True),
+    ('(-\\infty, 2) \\cup (3, \\infty)', '(-\\infty,2)\\cup(3,\\infty)', True),
+    ('\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}', '\\begin{pmatrix}\\frac15\\\\-\\frac{18}{5}\\end{pmatrix}', True),
+    ('[1,2)', '[1,2]', False),
+    ('(1,2)', '[1,2]', False),
+    ('(2,1)', '(1,2)', False),
+    ('(1,2,3)', '(1,2)', False),
+    ('3', '4', False),
+    ('.0000672', '.0000673', False),
+    ('\\sqrt{12}', '2\\sqrt{2}', False),
+    ('x^2', 'y^2', False),
+    ('\\infty', '-\\infty', False),
+    ('B', 'C', False),
+    ('garbage ((', '5', False),
+    ('', '5', False),
+    (None, '5', False),
+    ('\\frac{1}{0}', '0', False),
+    ('9^{9^{9}}', '1', False),
+    ('{' * 3000 + '1', '1', False),
+])
+def test_math_equal(pred, gold, expected):
+    start = time.time()
+    assert verify.math_equal(pred, gold) is expected
+    assert time.time() - start < 0.5
+
+
+def test_math500_round_trip():
+    rows = _rows(MATH500)
+    assert len(rows) == 500
+    task = verify.get_task('math', MATH500)
+    for row in rows:
+        assert task.reward('So the answer is \\boxed{' + row['answer'] + '}.', row) == 1.0, row['answer']
+    for step in (1, 7):
+        hits = sum(task.reward('\\boxed{' + rows[i]['answer'] + '}', rows[(i + step) % 500]) for i in range(500))
+        print(f'MATH-500 false-match fraction, i vs i+{step}: {hits / 500:.4f}')
+        assert hits / 500 <= 0.03
+
+
+def test_gsm8k_round_trip():
+    rows = _rows(GSM8K)
+    task = verify.get_task('gsm8k', GSM8K)
+    examples = {ex['id']: ex for ex in task.examples('all', 1000, 0)}
+    assert len(examples) == len(rows) == 100
+    for i, row in enumerate(rows):
+        ex = examples[row['id']]
+        assert task.reward(row['answer'], ex) == 1.0
+        other = next(examples[r['id']] for r in rows[i + 1:] + rows[:i] if examples[r['id']]['gold'] != ex['gold'])
+        assert task.reward(row['answer'], other) == 0.0
+
+
+@pytest.mark.parametrize('completion,expected', [
+    ('... so 1,000 in all.\n#### 1,000', 1.0), ('The answer is \\boxed{1000}.', 1.0), ('It costs $1,000.', 1.0),
+    ('#### 1000.0', 1.0), ('#### 999', 0.0), ('no number', 0.0), ('1000 - 1 = 999', 0.0),
+])
+def test_gsm8k_completions(completion, expected):
+    example = {'question': 'q', 'gold': '1000'}
+    assert verify.get_task('gsm8k', GSM8K).reward(completion, example) == expected
+
+
+def test_gsm8k_answer_class():
+    task = verify.get_task('gsm8k', GSM8K)
+    assert [task.answer(c, {}) for c in ('#### 1,000', '\\boxed{2.50}', 'x is -3.', 'none')] == ['1000', '2.5', '-3', None]
+
+
+# ---- Task API ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name,data', [('countdown', None), ('gsm8k', GSM8K), ('math', MATH500), ('toy', None)])
+def test_task_api(name, data):
+    task = verify.get_task(name, data)
+    assert task.name == name
+    train = task.examples('train', 20, seed=1)
+    assert train == task.examples('train', 20, seed=1) and len(train) == 20
+    assert train != task.examples('train', 20, seed=2)
+    assert task.examples('test', 5, seed=1) and task.examples('train', 0, seed=1) == []
+    for ex in train[:3]:
+        assert isinstance(task.prompt(ex), str)
+        assert task.reward('', ex) == 0.0 and task.answer('', ex) is None
+        assert set(task.parts('', ex)) == {'format', 'answer'}
+
+
+def test_file_backed_splits_disjoint_and_capped():
+    task = verify.get_task('math', MATH500)
+    train, test = task.examples('train', 10 ** 6, 0), task.examples('test', 10 ** 6, 0)
+    assert len(train) + len(test) == 500 and 50 < len(test) < 150
+    assert not {r['id'] for r in train} & {r['id'] for r in test}
+
+
+def test_countdown_procedural_solutions():
+    task = verify.get_task('countdown')
+    for split in ('train', 'test'):
+        for ex in task.examples(split, 200, seed=3):
+            assert len(ex['numbers']) in (3, 4) and all(1 <= x <= 99 for x in ex['numbers'])
+            assert isinstance(ex['target'], int) and 1 <= ex['target'] <= 999
+            assert task.reward(f"<answer>{ex['solution']}</answer>", ex) == 1.0
+            assert task.answer(f"<answer> {ex['solution']} </answer>", ex) == ex['solution']
+
+
+def test_countdown_prompts():
+    task, ex = verify.get_task('countdown'), {'numbers': [3, 5, 7], 'target': 22}
+
+    class Tok:
+        chat_template = 'x'
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert not tokenize and add_generation_prompt
+            return '<user>' + messages[0]['content'] + '<assistant>'
+
+    plain = task.prompt(ex)
+    assert plain.startswith('A conversation between User and Assistant.')
+    assert 'Using the numbers [3, 5, 7], create an equation that equals 22.' in plain
+    assert plain.endswith('Assistant: Let me solve this step by step.\n<think>')
+    chat = task.prompt(ex, Tok())
+    assert chat.startswith('<user>Using the numbers') and chat.endswith('<assistant>Let me solve this step by step.\n<think>')
+    assert verify.get_task('math', MATH500).prompt({'problem': 'P'}).endswith('within \\boxed{}.')
+
+
+def test_countdown_data_file(tmp_path):
+    path = tmp_path / 'cd.jsonl'
+    path.write_text('{"nums": [1, 2], "target": "-1"}\n{"numbers": [1, 2], "target": 0.5}\n')
+    task = verify.get_task('countdown', str(path))
+    examples = task.examples('all', 10, 0)
+    assert sorted(str(ex['target']) for ex in examples) == ['-1', '0.5']
+    for ex in examples:
+        expr = '1-2' if str(ex['target']) == '-1' else '1/2'
+        assert task.reward(f'<answer>{expr}</answer>', ex) == 1.0
+    listed = tmp_path / 'cd.json'  # a .json list; a 'split' field is obeyed
+    listed.write_text(json.dumps([{'numbers': [2, 3], 'target': 6, 'split': 'test'},
+                                  {'numbers': [4, 5], 'target': 9, 'split': 'train'}], indent=1))
+    task = verify.get_task('countdown', str(listed))
+    assert task.examples('test', 5, 0) == [{'numbers': [2, 3], 'target': 6}]
+    assert task.reward('<answer>2*3</answer>', task.examples('test', 5, 0)[0]) == 1.0
+    listed.write_text('[{"numbers": [2, 3]}]')
+    with pytest.raises(verify.UsageError, match="item 1: missing field 'target'"):
+        verify.get_task('countdown', str(listed))
+
+
+def test_toy_task():
+    task = verify.get_task('toy')
+    train, test = task.examples('train', 300, 0), task.examples('test', 300, 0)
+    key = lambda ex: (tuple(ex['numbers']), ex['target'])
+    assert not {key(e) for e in train} & {key(e) for e in test}
+    assert all(verify.toy_split(e['numbers'], e['target']) == 'test' for e in test)
+    for ex in train + test:
+        assert all(1 <= x <= 9 for x in ex['numbers']) and 0 <= ex['target'] <= 99
+        solutions = verify.toy_solutions(ex['numbers'], ex['target'])
+        assert solutions
+        for s in solutions:
+            assert task.reward(s + '\nmore text', ex) == 1.0 and task.answer(s + ' \n', ex) == s
+    ex = {'numbers': [3, 5, 7], 'target': 22}
+    assert task.prompt(ex) == '3 5 7:22='
+    assert [task.reward(c, ex) for c in ('3*5+7', ' (7-3)*5 +2', '3+5+7', '3*5+7)', '')] == [1.0, 0.1, 0.1, 0.0, 0.0]
+    assert '3*5+7' in verify.toy_solutions([3, 5, 7], 22)
+
+
+def test_toy_distribution_is_pinned():
+    """The exact draw recipe of verify.toy_problem (toy.py reproduces it)."""
+    rng, mine = random.Random(5), verify.toy_problem(random.Random(5))
+    while True:
+        nums = [rng.randint(1, 9) for _ in range(3)]
+        a, b, c = rng.sample(nums, 3)
+        o1, o2, left = rng.choice('+-*'), rng.choice('+-*'), rng.random() < 0.5
+        ops = {'+': lambda x, y: x + y, '-': lambda x, y: x - y, '*': lambda x, y: x * y}
+        t = ops[o2](ops[o1](a, b), c) if left else ops[o1](a, ops[o2](b, c))
+        if 0 <= t <= 99:
+            break
+    assert mine == {'numbers': nums, 'target': t}
+
+
+def test_usage_errors(tmp_path):
+    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy\\)"):
+        verify.get_task('x')
+    with pytest.raises(verify.UsageError, match='task gsm8k needs --data FILE.jsonl'):
+        verify.get_task('gsm8k')
+    with pytest.raises(verify.UsageError, match='not found'):
+        verify.get_task('math', str(tmp_path / 'missing.jsonl'))
+    bad = tmp_path / 'bad.jsonl'
+    bad.write_text('{"problem": "p", "answer": "1"}\n\n{"problem": oops}\n')
+    with pytest.raises(verify.UsageError, match=f'{bad}:3: malformed JSON'):
+        verify.get_task('math', str(bad))
+    bad.write_text('{"problem": "p", "answer": "1"}\n{"problem": "p"}\n')
+    with pytest.raises(verify.UsageError, match=":2: missing field 'answer'"):
+        verify.get_task('math', str(bad))
+    with pytest.raises(verify.UsageError, match='split'):
+        verify.get_task('toy').examples('dev', 1, 0)
+
+
+# ---- Fuzz ----------------------------------------------------------------------------------------------------------
+def test_fuzz_never_raises():
+    rng = random.Random(0)
+    alphabet = list('0123456789+-*/()[]{}^.,= _xyzi\\$%\n') + ['３', '٣', '½', '∞', '**', '//', '<answer>', '</answer>',
+                                                            '\\frac', '\\sqrt', '\\boxed{', '\\left(', '\\text{',
+                                                            '\\pi', '\\cup', '\\{', 'import os', '9' * 40]
+    toy, example = verify.get_task('toy'), {'numbers': [3, 5, 7], 'target': 22}
+    start = time.time()
+    for _ in range(2000):
+        s = ''.join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        t0 = time.time()
+        assert verify.countdown_reward(s, [3, 5, 7], 22) in (0.0, 0.1, 1.0)
+        assert toy.reward(s, example) in (0.0, 0.1, 1.0)
+        boxed = verify.extract_boxed(s)
+        assert boxed is None or isinstance(boxed, str)
+        assert isinstance(verify.math_equal(s, '\\frac{1}{2}'), bool)
+        assert isinstance(verify.math_equal(boxed, s), bool)
+        assert isinstance(verify.check_expression(s, [3, 5, 7], 22), tuple)
+        assert time.time() - t0 < 0.2
+    assert time.time() - start < 10
+
+# =====================================================================================================================
+# passk.py: Pass@k, diversity, entropies, the sampler, evaluation, the CLI
+# =====================================================================================================================
+import dataclasses
+import math
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import es
+import grpo
+import passk
+import toy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOY = passk.DEFAULT_MODEL
+
+
+@pytest.fixture(scope="module")
+def toy_model():
+    return passk.load_model(TOY)
+
+
+@pytest.mark.parametrize("n,c,k,expected", [(16, 3, 8, 0.9), (256, 2, 128, 0.75098), (10, 0, 5, 0.0),
+                                            (10, 10, 1, 1.0), (10, 6, 5, 1.0), (5, 1, 1, 0.2)])
+def test_pass_at_k_values(n, c, k, expected):
+    assert passk.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-5)
+
+
+def test_pass_at_k_matches_binomial_formula():
+    for n in (1, 7, 32):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - math.comb(n - c, k) / math.comb(n, k)
+                assert passk.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+
+
+def test_pass_at_k_rejects_k_above_n():
+    with pytest.raises(verify.UsageError, match="k <= n"):
+        passk.pass_at_k(4, 1, 8)
+
+
+def test_js_diversity_bounds_and_definition():
+    assert passk.js_diversity(np.eye(4)) == pytest.approx(2.0)  # four members, four disjoint answers: log2 N
+    assert passk.js_diversity([[3, 1], [3, 1], [3, 1]]) == pytest.approx(0.0, abs=1e-12)  # identical members
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        counts = rng.integers(0, 5, size=(6, 4)).astype(float)
+        counts[:, 0] += 1
+        q = counts / counts.sum(1, keepdims=True)
+        h = lambda p: -sum(x * math.log2(x) for x in p if x > 0)
+        direct = h(q.mean(0)) - np.mean([h(row) for row in q])
+        d = passk.js_diversity(counts)
+        assert d == pytest.approx(direct, abs=1e-9) and -1e-12 <= d <= math.log2(6) + 1e-12
+
+
+def test_answer_entropy_and_class_counts():
+    assert passk.answer_entropy(["a", "a", "b", "b"]) == pytest.approx(1.0)
+    assert passk.answer_entropy(["x"] * 5) == 0.0
+    assert passk.answer_entropy([None, "1", None, "2"]) == pytest.approx(1.5)  # None is its own class
+    assert passk.class_counts([["a", "b"], ["b", None]]).tolist() == [[1, 1, 0], [0, 1, 1]]
+
+
+def test_token_entropy_matches_brute_force():
+    logits = torch.tensor([[2.0, 0.5, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    for T in (1.0, 0.7):
+        for row, h in zip(logits, passk.token_entropy(logits, T)):
+            z = [math.exp(x / T) for x in row.tolist()]
+            p = [x / sum(z) for x in z]
+            assert float(h) == pytest.approx(-sum(x * math.log(x) for x in p), abs=1e-6)
+
+
+def test_embedded_model_loads_like_a_hub_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(TOY)
+    tok = AutoTokenizer.from_pretrained(TOY)
+    assert model.config.model_type == "qwen2" and model.config.tie_word_embeddings
+    text = "3 5 7:22=(3+5)*7\n"
+    assert tok.decode(tok(text)["input_ids"]) == text  # lossless, spaces and newline included
+    assert tok(text)["input_ids"] == toy.make_tokenizer()(text)["input_ids"]  # the ids toy.py trained on
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+
+
+def test_batched_greedy_equals_one_by_one(toy_model):
+    model, tok = toy_model
+    task = verify.get_task("toy")
+    prompts = [task.prompt(ex) for ex in task.examples("test", 12, seed=5)]
+    batched = passk.sample(model, tok, prompts, n=1, temperature=0, max_new_tokens=12, batch_size=12)
+    single = [passk.sample(model, tok, [p], n=1, temperature=0, max_new_tokens=12).completion_ids[0] for p in prompts]
+    assert batched.completion_ids == single
+    assert len({len(p) for p in batched.prompt_ids}) > 1  # the batch really had to be padded
+
+
+def test_sampling_is_seeded_and_stops_at_eos(toy_model):
+    model, tok = toy_model
+    prompts = [verify.get_task("toy").prompt(ex) for ex in verify.get_task("toy").examples("test", 6, seed=1)]
+    a = passk.sample(model, tok, prompts, n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    b = passk.sample(model, tok, prompts, n=4, temperature=1.0, max_new_tokens=12, seed=3, batch_size=5)
+    c = passk.sample(model, tok, prompts, n=4, temperature=1.0, max_new_tokens=12, seed=4)
+    assert a.texts == b.texts and a.texts != c.texts and len(set(a.texts)) > 6
+    for ids in a.completion_ids:
+        assert ids[-1] == tok.eos_token_id or len(ids) == 12
+        assert tok.eos_token_id not in ids[:-1]
+    nucleus = passk.sample(model, tok, prompts, n=2, temperature=1.0, top_p=1e-9, max_new_tokens=12, seed=3)
+    greedy = passk.sample(model, tok, prompts, n=1, temperature=0, max_new_tokens=12)
+    assert nucleus.texts == [t for t in greedy.texts for _ in range(2)]  # top-p -> 0 is greedy
+
+
+def test_embedded_model_has_latent_modes(toy_model):
+    """The shipped default: held-out Pass@1 in [0.05, 0.3] and Pass@16 >= 3 x Pass@1."""
+    model, tok = toy_model
+    task = verify.get_task("toy")
+    summary, records = passk.evaluate(model, tok, task, task.examples("test", 100, seed=1234), n=16,
+                                      max_new_tokens=12, seed=0)
+    assert 0.05 <= summary["pass@1"] <= 0.3, summary
+    assert summary["pass@16"] >= 3 * summary["pass@1"], summary
+    curve = [summary[f"pass@{k}"] for k in (1, 2, 4, 8, 16)]
+    assert curve == sorted(curve) and len(records) == 100
+
+
+def test_toy_script_matches_verify_toy_task():
+    for split in ("train", "test"):
+        assert toy.toy_examples(split, 50, seed=3) == verify.get_task("toy").examples(split, 50, seed=3)
+    for ex in verify.get_task("toy").examples("test", 30, seed=0):
+        mine = {e for e, v in toy.all_expressions(ex["numbers"]).items() if v == ex["target"]}
+        assert mine and mine <= set(verify.toy_solutions(ex["numbers"], ex["target"]))
+
+
+def test_toy_script_builds_a_model_deterministically(tmp_path):
+    small = dict(steps=3, batch=8, hidden=32, intermediate=64, layers=1, heads=2, eval_problems=0)
+    toy.main(toy.Args(out=str(tmp_path / "a"), **small))
+    toy.main(toy.Args(out=str(tmp_path / "b"), **small))
+    ma, _ = passk.load_model(str(tmp_path / "a"))
+    mb, _ = passk.load_model(str(tmp_path / "b"))
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+
+
+def run_cli(script, *argv):
+    return subprocess.run([sys.executable, os.path.join(HERE, script), *argv], capture_output=True, text=True,
+                          timeout=300, cwd=HERE)
+
+
+def test_passk_cli_table_plot_and_compare(tmp_path):
+    out, png, cmp_png = tmp_path / "base.jsonl", tmp_path / "base.png", tmp_path / "cmp.png"
+    r = run_cli("passk.py", "--task", "toy", "--problems", "20", "--n", "8", "--k", "1,2,...,8", "--max-new-tokens",
+                "12", "--out", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert "pass@k" in r.stdout and "   8  " in r.stdout and png.stat().st_size > 1000
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["type"] == "config" and lines[-1]["type"] == "summary" and len(lines) == 22
+    r = run_cli("passk.py", "--compare", str(out), str(out), "--plot", str(cmp_png))
+    assert r.returncode == 0 and cmp_png.stat().st_size > 1000, r.stderr
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--task", "nope"], "unknown task"),
+    (["--task", "gsm8k"], "needs --data"),
+    (["--task", "gsm8k", "--data", "/nonexistent/x.jsonl"], "not found"),
+    (["--n", "4", "--k", "1,8"], "k <= n"),
+    (["--model", "./no/such/model"], "does not exist"),
+    (["--n", "many"], "invalid int"),
+])
+def test_passk_cli_bad_input_is_one_line_exit_2(argv, msg):
+    r = run_cli("passk.py", *argv)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_passk_cli_malformed_data_names_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{not json\n')
+    r = run_cli("passk.py", "--task", "gsm8k", "--data", str(bad))
+    assert r.returncode == 2 and ":2" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# =====================================================================================================================
+# es.py
+# =====================================================================================================================
+def small_es(tmp_path, name, **kw):
+    base = dict(iterations=2, population=4, prompts=16, temperature=1.0, samples=2, sigma=0.05, train_problems=50, eval_problems=4, eval_n=2,
+                eval_every=0, max_new_tokens=10, out=str(tmp_path / name), threads=1)
+    return es.Args(**(base | kw))
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(es.latest_checkpoint(run_dir), "model.safetensors"))
+
+
+def test_es_noise_is_independent_per_tensor_and_member():
+    w = torch.zeros(64, 64)
+    e = {(n, name): es.noise(0, 1, n, name, w) for n in range(3) for name in ("a.weight", "b.weight")}
+    assert torch.equal(es.noise(0, 1, 0, "a.weight", w), e[0, "a.weight"])  # replayable
+    keys = list(e)
+    for i in range(len(keys)):
+        for j in range(i + 1, len(keys)):
+            corr = float(torch.corrcoef(torch.stack([e[keys[i]].flatten(), e[keys[j]].flatten()]))[0, 1])
+            assert abs(corr) < 0.05, (keys[i], keys[j], corr)  # same shape, still independent
+    assert not torch.equal(es.noise(0, 1, 0, "a.weight", w), es.noise(0, 2, 0, "a.weight", w))  # new iteration
+    assert not torch.equal(es.noise(0, 1, 0, "a.weight", w), es.noise(1, 1, 0, "a.weight", w))  # new run seed
+    assert es.member_noise(4, True) == (2, 1.0) and es.member_noise(5, True) == (2, -1.0)
+    assert es.member_noise(5, False) == (5, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_es_perturb_then_restore_is_bit_exact(toy_model, dtype):
+    model = __import__("copy").deepcopy(toy_model[0])
+    master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    model.to(dtype)
+    params = dict(model.named_parameters())
+    before = {k: p.detach().clone() for k, p in params.items()}
+    for cycle in range(5):
+        es.perturb(params, master, seed=0, t=cycle, n=cycle, sigma=0.01, antithetic=False)
+        k0 = next(iter(params))
+        expected = (master[k0] + 0.01 * es.noise(0, cycle, cycle, k0, master[k0])).to(dtype)
+        assert torch.equal(params[k0].detach(), expected)  # working = master + sigma * eps
+        es.restore(params, master)
+    assert all(torch.equal(before[k], p.detach()) for k, p in params.items())
+    assert all(torch.equal(master[k].to(dtype), p.detach()) for k, p in params.items())
+
+
+def test_es_update_equals_brute_force():
+    master = {"w": torch.randn(5, 7, dtype=torch.float32), "b": torch.randn(7, dtype=torch.float32)}
+    init = {k: v.clone() for k, v in master.items()}
+    for antithetic in (False, True):
+        args = es.Args(population=6, alpha=0.3, seed=11, antithetic=antithetic, weight_decay=0.1, anchor_decay=0.2)
+        fitness = np.array([0.5, -1.0, 2.0, 0.0, -0.25, 1.5])
+        drifted = {k: v + 0.1 for k, v in master.items()}  # so that the anchored decay has something to pull
+        m = {k: v.clone() for k, v in drifted.items()}
+        es.es_update(m, fitness, args, t=3, init=init)
+        for k in master:
+            acc = torch.zeros_like(master[k], dtype=torch.float64)
+            for n, f in enumerate(fitness):
+                idx, sign = (n // 2, (-1.0) ** n) if antithetic else (n, 1.0)
+                acc += f * sign * es.noise(11, 3, idx, k, master[k]).double()
+            w0 = drifted[k].double()
+            expected = w0 + 0.3 * acc / 6 - 0.3 * 0.1 * w0 - 0.3 * 0.2 * (w0 - init[k].double())
+            assert torch.allclose(m[k].double(), expected, atol=1e-6)
+
+
+def test_es_fitness_shaping():
+    z = es.shape_fitness([1.0, 2.0, 3.0, 4.0])
+    assert z.mean() == pytest.approx(0) and z.std() == pytest.approx(1, abs=1e-6)
+    for kind in ("zscore", "rank", "raw"):
+        assert es.shape_fitness([0.3] * 7, kind).tolist() == [0.0] * 7  # all equal: zero update, never NaN
+    assert es.shape_fitness([0.0, 1.0, 1.0, 2.0], "rank").tolist() == [-0.5, 0.0, 0.0, 0.5]  # ties share a rank
+    assert es.shape_fitness([1.0, 3.0], "raw").tolist() == [-1.0, 1.0]
+
+
+def test_es_smoke_run_logs_every_metric(tmp_path):
+    args = small_es(tmp_path, "smoke", eval_every=1)
+    es.train(args)
+    lines = [json.loads(x) for x in open(os.path.join(args.out, "log.jsonl"))]
+    assert lines[0]["type"] == "config" and lines[0]["algo"] == "es"
+    train = [x for x in lines if x["type"] == "train"]
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert [x["iteration"] for x in train] == [1, 2] and [x["iteration"] for x in evals] == [0, 1, 2]
+    for key in ("reward", "reward_std", "reward_min", "reward_max", "format", "answer", "js_diversity", "coverage",
+                "update_norm", "drift", "generations", "tokens", "wall", "evals_per_s", "time_perturb",
+                "time_generate", "time_update"):
+        assert key in train[-1], key
+    assert train[-1]["generations"] == 2 * 4 * 16 * 2 and train[-1]["drift"] > 0
+    assert {"pass@1", "pass@2", "answer_entropy", "token_entropy"} <= set(evals[-1])
+    ckpt = es.latest_checkpoint(args.out)
+    assert ckpt.endswith("checkpoint-000002") and not [d for d in os.listdir(args.out) if d.startswith(".tmp")]
+    assert json.load(open(os.path.join(ckpt, "state.json")))["iteration"] == 2
+
+
+def test_es_resume_equals_uninterrupted(tmp_path):
+    es.train(small_es(tmp_path, "full", iterations=3, save_every=1))
+    es.train(small_es(tmp_path, "cut", iterations=1))
+    es.train(small_es(tmp_path, "ignored", iterations=3, resume=str(tmp_path / "cut")))
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    its = [json.loads(x).get("iteration") for x in open(tmp_path / "cut" / "log.jsonl")]
+    assert its.count(3) == 2  # one train line and one eval line for iteration 3, nothing doubled
+
+
+def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path):
+    model = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"))
+    w = weights(tmp_path / "bf16")
+    assert all(v.dtype == torch.float32 for v in w.values())
+    assert next(model.parameters()).dtype == torch.bfloat16
+    base = passk.load_model(TOY)[0].state_dict()
+    k = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(w[k], base[k]) and not torch.equal(w[k], w[k].to(torch.bfloat16).float())
+
+
+def test_es_world_size_2_equals_world_size_1(tmp_path):
+    es.train(small_es(tmp_path, "w1", eval_problems=4))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29511",
+           os.path.join(HERE, "es.py"), "--iterations", "2", "--population", "4", "--prompts", "16",
+           "--temperature", "1", "--samples", "2", "--sigma", "0.05",
+           "--train-problems", "50", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "0",
+           "--max-new-tokens", "10", "--threads", "1", "--out", str(tmp_path / "w2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = weights(tmp_path / "w1"), weights(tmp_path / "w2")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    l1 = [json.loads(x) for x in open(tmp_path / "w1" / "log.jsonl")][1:]
+    l2 = [json.loads(x) for x in open(tmp_path / "w2" / "log.jsonl")][1:]
+    assert [x.get("reward") for x in l1 if x["type"] == "train"] == [x.get("reward") for x in l2 if x["type"] == "train"]
+    assert [x["pass@1"] for x in l1 if x["type"] == "eval"] == pytest.approx([x["pass@1"] for x in l2 if x["type"] == "eval"])
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(sigma=0.0), "--sigma"), (dict(population=1), "--population"),
+    (dict(population=5, antithetic=True), "even"), (dict(task="nope"), "unknown task"),
+    (dict(model="./missing/model"), "does not exist"), (dict(fitness="best"), "--fitness"),
+    (dict(params="nothing_matches_this"), "matches no parameter"),
+])
+def test_es_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
+    with pytest.raises(SystemExit) as e:
+        es.main(small_es(tmp_path, "bad", **kw))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_es_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    real_update = es.es_update
+
+    def poisoned(master, fitness, args, t, init=None):  # the second iteration's update blows up
+        norm = real_update(master, fitness, args, t, init)
+        if t == 1:
+            next(iter(master.values())).fill_(float("nan"))
+        return norm
+    monkeypatch.setattr(es, "es_update", poisoned)
+    with pytest.raises(SystemExit) as e:
+        es.main(small_es(tmp_path, "div", iterations=3, save_every=1, temperature=0.0))  # greedy scoring
+    assert e.value.code == 1 and "non-finite weights after iteration 2" in capsys.readouterr().err
+    assert es.latest_checkpoint(tmp_path / "div").endswith("checkpoint-000001")
+    assert all(torch.isfinite(v).all() for v in weights(tmp_path / "div").values())
+
+
+# =====================================================================================================================
+# grpo.py
+# =====================================================================================================================
+def small_grpo(tmp_path, name, **kw):
+    base = dict(iterations=2, prompts=4, group=4, train_problems=50, eval_problems=4, eval_n=2, eval_every=0,
+                max_new_tokens=10, micro_batch=6, out=str(tmp_path / name), threads=1)
+    return grpo.Args(**(base | kw))
+
+
+def test_grpo_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    s = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
+    assert torch.allclose(grpo.advantages(r, "group")[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (s + 1e-4))
+    assert torch.equal(grpo.advantages(r, "group")[1], torch.zeros(4))  # no spread, no signal
+    assert torch.allclose(grpo.advantages(r, "none"), r - r.mean(1, keepdim=True))
+    assert torch.allclose(grpo.advantages(r, "batch"), (r - r.mean(1, keepdim=True)) / (r.std() + 1e-4))
+
+
+def test_grpo_surrogate_and_losses_by_hand():
+    logp = torch.log(torch.tensor([[1.5, 1.0, 0.5]]))  # ratios vs old = 0 (log 1)
+    obj, clipped = grpo.surrogate(logp, torch.zeros_like(logp), torch.tensor([[2.0]]), 0.2, 0.28)
+    assert torch.allclose(obj, torch.tensor([[1.28 * 2, 2.0, 0.5 * 2]]))  # min(r A, clip(r) A) with A > 0
+    assert clipped.tolist() == [[True, False, False]]
+    obj, clipped = grpo.surrogate(logp, torch.zeros_like(logp), torch.tensor([[-1.0]]), 0.2, 0.28)
+    assert torch.allclose(obj, torch.tensor([[-1.5, -1.0, -0.8]])) and clipped.tolist() == [[False, False, True]]
+    per_token = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert float(grpo.aggregate(per_token, mask, "grpo", 2, 4, 4)) == pytest.approx((2.0 + 4.0) / 2)
+    assert float(grpo.aggregate(per_token, mask, "dapo", 2, 4, 4)) == pytest.approx(10.0 / 4)
+    assert float(grpo.aggregate(per_token, mask, "dr_grpo", 2, 4, 4)) == pytest.approx(10.0 / (2 * 4))
+
+
+def test_grpo_masks_prompt_and_padding():
+    ids, attn, comp = grpo.pack([[5, 6, 7], [8]], [[9, 1], [10, 11, 1]], pad=0)
+    assert ids.tolist() == [[5, 6, 7, 9, 1], [8, 10, 11, 1, 0]]
+    assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # position j predicts ids[:, j + 1]: only completion tokens are predicted under the mask
+    assert comp.tolist() == [[False, False, True, True], [True, True, True, False]]
+    logp = torch.randn(2, 4, requires_grad=True)
+    obj, _ = grpo.surrogate(logp, logp.detach(), torch.tensor([[1.0], [-1.0]]), 0.2, 0.2)
+    grpo.aggregate(-obj, comp.float(), "dapo", 2, 5, 4).backward()
+    assert ((logp.grad != 0) == comp).all()  # prompt and pad positions get exactly no gradient
+
+
+def test_grpo_kl_k3_is_zero_at_the_reference(toy_model):
+    model, tok = toy_model
+    ids, attn, comp = grpo.pack([[5, 18, 7, 18, 9, 19, 4, 4, 20]], [[5, 12, 7, 1]], tok.pad_token_id)
+    with torch.no_grad():
+        a = grpo.token_logprobs(model, ids, attn, 1.0)[0]
+        b = grpo.token_logprobs(__import__("copy").deepcopy(model), ids, attn, 1.0)[0]
+    assert torch.equal(grpo.kl_k3(a, b), torch.zeros_like(a))
+    assert (grpo.kl_k3(a, b + 0.3) > 0).all()
+
+
+def test_grpo_smoke_run_with_kl_and_inner_epochs(tmp_path):
+    args = small_grpo(tmp_path, "smoke", beta=0.04, inner_epochs=2, loss="grpo", eps_high=0.28, eval_every=1)
+    grpo.train(args)
+    lines = [json.loads(x) for x in open(os.path.join(args.out, "log.jsonl"))]
+    train = [x for x in lines if x["type"] == "train"]
+    assert lines[0]["algo"] == "grpo" and [x["iteration"] for x in train] == [1, 2]
+    for key in ("reward", "format", "answer", "token_entropy", "clip_frac", "kl", "zero_std_frac", "mean_length",
+                "generations", "tokens", "wall"):
+        assert key in train[-1], key
+    assert train[0]["kl"] == pytest.approx(0.0, abs=1e-6) and train[-1]["token_entropy"] > 0
+    assert train[-1]["generations"] == 2 * 4 * 4
+    assert len([x for x in lines if x["type"] == "eval"]) == 3
+    assert os.path.exists(os.path.join(es.latest_checkpoint(args.out), "optimizer.pt"))
+
+
+def test_grpo_resume_equals_uninterrupted(tmp_path):
+    grpo.train(small_grpo(tmp_path, "full", iterations=3))
+    grpo.train(small_grpo(tmp_path, "cut", iterations=1))
+    grpo.train(small_grpo(tmp_path, "x", iterations=3, resume=str(tmp_path / "cut")))
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_grpo_gradient_accumulation_equals_one_batch(toy_model):
+    """Micro-batches of 5 rows (with gradient checkpointing) give the gradient of one 24-row batch, for every loss."""
+    model, tok = toy_model
+    model = __import__("copy").deepcopy(model)
+    task = verify.get_task("toy")
+    s = passk.sample(model, tok, [task.prompt(ex) for ex in task.examples("train", 6, seed=2)], n=4,
+                     max_new_tokens=10, seed=1)
+    ids, attn, comp = grpo.pack(s.prompt_ids, s.completion_ids, tok.pad_token_id)
+    adv = torch.linspace(-1.5, 2.0, len(s.texts))
+    ref = torch.randn(ids.shape[0], ids.shape[1] - 1) * 0.1 - 2.0
+    for loss in ("grpo", "dapo", "dr_grpo"):
+        grads = []
+        for mb, ckpt in ((24, False), (5, True)):
+            model.zero_grad(set_to_none=True)
+            model.activation_checkpointing_enable() if ckpt else model.activation_checkpointing_disable()
+            model.train()
+            args = grpo.Args(micro_batch=mb, loss=loss, beta=0.04, max_new_tokens=10)
+            grpo.backward_step(model, (ids, attn, comp.float(), adv), None, ref, args, len(s.texts),
+                               float(comp.sum()))
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert grads[0].abs().max() > 0
+        assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), loss
+
+
+def test_grpo_torchrun_two_processes(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29512",
+           os.path.join(HERE, "grpo.py"), "--iterations", "2", "--prompts", "4", "--group", "4",
+           "--train-problems", "50", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "0",
+           "--max-new-tokens", "10", "--threads", "1", "--scale-rewards", "batch", "--out", str(tmp_path / "ddp")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    train = [json.loads(x) for x in open(tmp_path / "ddp" / "log.jsonl") if '"train"' in x]
+    assert len(train) == 2 and train[-1]["generations"] == 2 * 4 * 4
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(group=1), "--group"), (dict(loss="ppo"), "--loss"), (dict(scale_rewards="max"), "--scale-rewards"),
+    (dict(lr=0.0), "--lr"), (dict(task="nope"), "unknown task"), (dict(model="./missing/model"), "does not exist"),
+])
+def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
+    with pytest.raises(SystemExit) as e:
+        grpo.main(small_grpo(tmp_path, "bad", **kw))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err

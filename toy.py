@@ -1,0 +1,244 @@
+"""toy.py: build the embedded "pretrained" model that every script uses by default.
+
+There is no model hub on a fresh machine, so the project makes its own tiny causal LM in Hugging Face format
+(a Qwen2 config with tied embeddings, like Qwen2.5-1.5B; a character-level fast tokenizer) and pretrains it on a
+synthetic corpus of the `toy` task of verify.py: prompt "3 5 7:22=", completion an arithmetic expression over the three
+numbers. The corpus is built so that the base model has *latent reasoning modes*, as the paper assumes of a pretrained
+LLM: every problem has several correct expressions and the training completions are a broad mixture, a fraction
+correct (drawn uniformly among all correct expressions), most of them random well-formed guesses, a few using a wrong
+number. The result has a low Pass@1 and a much higher Pass@k, and post-training (ES or GRPO) has something to find.
+
+    python toy.py                        # rebuilds models/toy (the committed default) deterministically
+    python toy.py --out models/toy-l --hidden 192 --layers 6   # another size, e.g. for "larger model, smaller N"
+
+This script stands alone (it does not import verify.py): it knows which expressions are correct because it builds
+them. It reproduces verify.py's `toy` problem distribution and train/test split exactly (test_all.py checks that),
+and pretrains on train-split problems only, so held-out evaluation is on problems the model never saw.
+"""
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+
+@dataclass
+class Args:
+    out: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
+    """where to write the model and tokenizer (save_pretrained format)"""
+    seed: int = 0
+    """seeds the corpus and the initialisation: the same seed rebuilds the same model"""
+    hidden: int = 128
+    """hidden size of the Qwen2 model"""
+    layers: int = 4
+    """number of transformer layers"""
+    heads: int = 4
+    """attention heads (key/value heads too)"""
+    intermediate: int = 384
+    """MLP width"""
+    steps: int = 1500
+    """optimizer steps of pretraining"""
+    batch: int = 256
+    """sequences per step"""
+    lr: float = 3e-3
+    """peak AdamW learning rate (linear warm-up, cosine decay)"""
+    p_correct: float = 0.3
+    """fraction of training completions that are correct (the rest: random guesses, some with a wrong number)"""
+    p_wrong_number: float = 0.1
+    """fraction of training completions that use a number not in the problem"""
+    eval_problems: int = 200
+    """held-out problems for the closing Pass@1 / Pass@16 check (0 to skip)"""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)"""
+
+
+# ---- the toy task (must match verify.py: `toy` task, toy_split) -------------------------------------------------
+OPS = "+-*"
+PREC = {"+": 1, "-": 1, "*": 2}
+
+
+def apply(op, x, y):
+    return x + y if op == "+" else x - y if op == "-" else x * y
+
+
+def show(a, o1, b, o2, c, left):
+    """Print ((a o1 b) o2 c) if left else (a o1 (b o2 c)), with only the parentheses that matter."""
+    if left:  # inner (a o1 b) is the left operand of o2
+        inner = f"{a}{o1}{b}"
+        return (f"({inner})" if PREC[o1] < PREC[o2] else inner) + f"{o2}{c}"
+    inner = f"{b}{o2}{c}"  # inner (b o2 c) is the right operand of o1
+    need = PREC[o2] < PREC[o1] or (PREC[o2] == PREC[o1] and o1 == "-")
+    return f"{a}{o1}" + (f"({inner})" if need else inner)
+
+
+def value(a, o1, b, o2, c, left):
+    return apply(o2, apply(o1, a, b), c) if left else apply(o1, a, apply(o2, b, c))
+
+
+def all_expressions(numbers):
+    """Every (string, value) over the three numbers: permutations x ops x both tree shapes."""
+    out = {}
+    for a, b, c in set(itertools.permutations(numbers)):
+        for o1, o2, left in itertools.product(OPS, OPS, (True, False)):
+            out[show(a, o1, b, o2, c, left)] = value(a, o1, b, o2, c, left)
+    return out
+
+
+def toy_split(numbers, target):
+    key = f"{numbers[0]} {numbers[1]} {numbers[2]}:{target}".encode()
+    return "test" if int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 4 == 0 else "train"
+
+
+def draw_problem(rng):
+    while True:
+        nums = [rng.randint(1, 9) for _ in range(3)]
+        a, b, c = rng.sample(nums, 3)
+        t = value(a, rng.choice(OPS), b, rng.choice(OPS), c, rng.random() < 0.5)
+        if 0 <= t <= 99:
+            return nums, t
+
+
+def toy_examples(split, n, seed):
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        nums, t = draw_problem(rng)
+        if toy_split(nums, t) == split:
+            out.append({"numbers": nums, "target": t})
+    return out
+
+
+# ---- corpus ------------------------------------------------------------------------------------------------------
+def completion(rng, nums, target, args):
+    """One training completion from the broad mixture (correct / random guess / wrong number)."""
+    exprs = all_expressions(nums)
+    u = rng.random()
+    if u < args.p_correct:
+        return rng.choice(sorted(e for e, v in exprs.items() if v == target))
+    if u < args.p_correct + args.p_wrong_number:
+        nums = list(nums)
+        nums[rng.randrange(3)] = rng.randint(1, 9)
+        exprs = all_expressions(nums)
+    return rng.choice(sorted(exprs))
+
+
+def make_tokenizer():
+    """One token per character. The vocabulary uses GPT-2's byte-level names for space and newline (Ġ, Ċ) so that
+    the Qwen2 tokenizer class, which AutoTokenizer picks from config.json and which byte-level pre-tokenizes,
+    gives exactly the ids this script trains on (test_all.py checks the round trip)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    byte_name = {" ": "\u0120", "\n": "\u010a"}
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for ch in "0123456789+-*/() :=.\n":
+        vocab[byte_name.get(ch, ch)] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per character
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+
+
+def batch_tensors(rng, tok, args):
+    """(input_ids, labels) of shape [batch, L]; labels are -100 on the prompt and padding (loss on completions)."""
+    ids, labels = [], []
+    for _ in range(args.batch):
+        while True:
+            nums, t = draw_problem(rng)
+            if toy_split(nums, t) == "train":
+                break
+        p = tok(f"{nums[0]} {nums[1]} {nums[2]}:{t}=")["input_ids"]
+        c = tok(completion(rng, nums, t, args))["input_ids"] + [tok.eos_token_id]
+        ids.append(p + c)
+        labels.append([-100] * len(p) + c)
+    L = max(map(len, ids))
+    pad = lambda rows, v: torch.tensor([r + [v] * (L - len(r)) for r in rows])
+    return pad(ids, tok.pad_token_id), pad(labels, -100)
+
+
+def quick_eval(model, tok, args, k=16):
+    """Pass@1 and Pass@k (unbiased estimator, n=k samples at T=1) on held-out problems, with this file's checker."""
+    probs = toy_examples("test", args.eval_problems, seed=12345)
+    tok.padding_side = "left"
+    p1, pk = [], []
+    for ex in probs:
+        nums, t = ex["numbers"], ex["target"]
+        good = {e for e, v in all_expressions(nums).items() if v == t}
+        enc = tok([f"{nums[0]} {nums[1]} {nums[2]}:{t}="] * k, return_tensors="pt")
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=12,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        c = sum(s.strip() in good for s in texts)
+        p1.append(c / k)
+        pk.append(1.0 if c > 0 else 0.0)
+    return sum(p1) / len(p1), sum(pk) / len(pk)
+
+
+def main(args):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    tok = make_tokenizer()
+    config = Qwen2Config(vocab_size=32, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.heads, max_position_embeddings=64, tie_word_embeddings=True,
+                         bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"toy model: {n_params / 1e6:.2f}M parameters, {args.steps} steps of {args.batch}")
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warm = max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps))))
+    t0 = time.time()
+    model.train()
+    for step in range(args.steps):
+        x, y = batch_tensors(rng, tok, args)
+        loss = model(input_ids=x, attention_mask=(x != tok.pad_token_id).long(), labels=y).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - t0:6.1f}s", flush=True)
+    model.eval()
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    tmp = args.out.rstrip("/") + ".tmp"  # atomic: write beside, then rename
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, "toy_args.json"), "w") as f:
+        json.dump(dataclasses.asdict(args) | {"params": n_params, "train_seconds": round(time.time() - t0, 1)}, f,
+                  indent=1)
+    if os.path.isdir(args.out):
+        import shutil
+        shutil.rmtree(args.out)
+    os.replace(tmp, args.out)
+    print(f"saved {args.out}")
+    if args.eval_problems:  # evaluate what was written, reloaded the way every script loads it
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        with torch.no_grad():
+            p1, p16 = quick_eval(AutoModelForCausalLM.from_pretrained(args.out).eval(),
+                                 AutoTokenizer.from_pretrained(args.out), args)
+        print(f"held-out ({args.eval_problems} problems, 16 samples, T=1): pass@1 {p1:.3f}  pass@16 {p16:.3f}")
+    return model, tok
+
+
+def parse_args(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for f in dataclasses.fields(Args):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    return Args(**vars(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(parse_args())
