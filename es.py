@@ -50,11 +50,11 @@ class Args:
     """countdown | gsm8k | math | toy"""
     data: str = ""
     """local data file for the task (jsonl); required by gsm8k and math"""
-    iterations: int = 150
+    iterations: int = 100
     """ES iterations in total (a resumed run continues up to this many)"""
     population: int = 30
     """N, members per iteration (paper recipe: 30)"""
-    sigma: float = 0.01
+    sigma: float = 0.02
     """perturbation scale (paper recipe for 0.5B-7B models: 1e-3)"""
     alpha: float = 0.008
     """step size, 1/sigma folded in: theta += alpha * mean(f * eps) (paper recipe: 5e-4)"""
@@ -310,6 +310,8 @@ def train(args, model=None, tokenizer=None):
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
                        "device": args.device or saved["device"]})
         start_it = state["iteration"]
+    elif latest_checkpoint(args.out):
+        raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
     check_args(args)
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)

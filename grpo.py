@@ -287,6 +287,8 @@ def train(args, model=None, tokenizer=None):
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
                        "device": args.device or saved["device"]})
         start_it = state["iteration"]
+    elif latest_checkpoint(args.out):
+        raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
     rank, world, device = setup_distributed(args)
     check_args(args, world)
     task = verify.get_task(args.task, args.data or None)

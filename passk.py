@@ -275,8 +275,8 @@ class Args:
     """torch device"""
     out: str = ""
     """write config, per-problem records and the summary to this jsonl"""
-    plot: str = ""
-    """write a Pass@k plot (log2 k) to this png"""
+    plot: str = "pass_at_k.png"
+    """write a Pass@k plot (log2 k on x) to this png ('' for none)"""
     compare: list = dataclasses.field(default_factory=list)
     """overlay the Pass@k curves of these jsonl files (written by --out) instead of evaluating"""
 

@@ -674,6 +674,17 @@ def test_es_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
     assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_es_and_grpo_refuse_to_overwrite_a_run(tmp_path, capsys):
+    es.train(small_es(tmp_path, "run", iterations=1))
+    for module, args in ((es, small_es(tmp_path, "run")), (grpo, small_grpo(tmp_path, "run"))):
+        with pytest.raises(SystemExit) as e:
+            module.main(args)
+        assert e.value.code == 2 and "already holds a run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        es.main(small_es(tmp_path, "run", resume=str(tmp_path / "nothing-here")))
+    assert e.value.code == 2 and "no checkpoint" in capsys.readouterr().err
+
+
 def test_es_divergence_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
     real_update = es.es_update
 
