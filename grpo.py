@@ -22,7 +22,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import random
 import re

@@ -1,12 +1,22 @@
 """The project's tests: verify.py (verifiers, adversarial inputs, MATH-500 and GSM8K round trips, tasks), passk.py
 (Pass@k, diversity, the sampler, the CLI), the embedded model and toy.py, es.py and grpo.py. Run: python -m pytest -q test_all.py"""
+import copy
 import json
+import math
 import os
 import random
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
+import torch
 
+import es
+import grpo
+import passk
+import toy
 import verify
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'shared', 'data')
@@ -80,7 +90,7 @@ COUNTDOWN = [  # (completion, numbers, target, expected reward)
 def test_countdown_reward(completion, numbers, target, expected):
     start = time.time()
     assert verify.countdown_reward(completion, numbers, target) == expected
-    assert time.time() - start < 0.5
+    assert time.time() - start < 5  # a hang guard, not a benchmark
 
 
 @pytest.mark.parametrize('expr,numbers,target,expected', [
@@ -172,7 +182,7 @@ def test_extract_boxed(text, expected):
 def test_math_equal(pred, gold, expected):
     start = time.time()
     assert verify.math_equal(pred, gold) is expected
-    assert time.time() - start < 0.5
+    assert time.time() - start < 5  # a hang guard, not a benchmark
 
 
 def test_math500_round_trip():
@@ -352,24 +362,12 @@ def test_fuzz_never_raises():
         assert isinstance(verify.math_equal(s, '\\frac{1}{2}'), bool)
         assert isinstance(verify.math_equal(boxed, s), bool)
         assert isinstance(verify.check_expression(s, [3, 5, 7], 22), tuple)
-        assert time.time() - t0 < 0.2
-    assert time.time() - start < 10
+        assert time.time() - t0 < 2  # hang guards, not benchmarks
+    assert time.time() - start < 60
 
 # =====================================================================================================================
 # passk.py: Pass@k, diversity, entropies, the sampler, evaluation, the CLI
 # =====================================================================================================================
-import dataclasses
-import math
-import subprocess
-import sys
-
-import numpy as np
-import torch
-
-import es
-import grpo
-import passk
-import toy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOY = passk.DEFAULT_MODEL
@@ -562,7 +560,7 @@ def test_es_noise_is_independent_per_tensor_and_member():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_es_perturb_then_restore_is_bit_exact(toy_model, dtype):
-    model = __import__("copy").deepcopy(toy_model[0])
+    model = copy.deepcopy(toy_model[0])
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
     model.to(dtype)
     params = dict(model.named_parameters())
@@ -632,6 +630,18 @@ def test_es_resume_equals_uninterrupted(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     its = [json.loads(x).get("iteration") for x in open(tmp_path / "cut" / "log.jsonl")]
     assert its.count(3) == 2  # one train line and one eval line for iteration 3, nothing doubled
+
+
+def test_es_params_subset_and_model_in_memory(tmp_path):
+    """--params matrices leaves 1-D tensors alone; a model passed in memory trains exactly like one loaded by path."""
+    model, tok = passk.load_model(TOY)
+    trained = es.train(small_es(tmp_path, "mem", iterations=1, params="matrices"), model, tok)
+    assert trained is model
+    es.train(small_es(tmp_path, "path", iterations=1, params="matrices"))
+    a, b, base = weights(tmp_path / "mem"), weights(tmp_path / "path"), passk.load_model(TOY)[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(a[k], base[k]) for k in a if a[k].dim() == 1)
+    assert any(not torch.equal(a[k], base[k]) for k in a if a[k].dim() == 2)
 
 
 def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path):
@@ -750,7 +760,7 @@ def test_grpo_kl_k3_is_zero_at_the_reference(toy_model):
     ids, attn, comp = grpo.pack([[5, 18, 7, 18, 9, 19, 4, 4, 20]], [[5, 12, 7, 1]], tok.pad_token_id)
     with torch.no_grad():
         a = grpo.token_logprobs(model, ids, attn, 1.0)[0]
-        b = grpo.token_logprobs(__import__("copy").deepcopy(model), ids, attn, 1.0)[0]
+        b = grpo.token_logprobs(copy.deepcopy(model), ids, attn, 1.0)[0]
     assert torch.equal(grpo.kl_k3(a, b), torch.zeros_like(a))
     assert (grpo.kl_k3(a, b + 0.3) > 0).all()
 
@@ -781,7 +791,7 @@ def test_grpo_resume_equals_uninterrupted(tmp_path):
 def test_grpo_gradient_accumulation_equals_one_batch(toy_model):
     """Micro-batches of 5 rows (with gradient checkpointing) give the gradient of one 24-row batch, for every loss."""
     model, tok = toy_model
-    model = __import__("copy").deepcopy(model)
+    model = copy.deepcopy(model)
     task = verify.get_task("toy")
     s = passk.sample(model, tok, [task.prompt(ex) for ex in task.examples("train", 6, seed=2)], n=4,
                      max_new_tokens=10, seed=1)

@@ -24,7 +24,6 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from fractions import Fraction
 
 import torch
 
