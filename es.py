@@ -133,6 +133,12 @@ def perturb(params, master, seed, t, n, sigma, antithetic):
             p.copy_(eps.mul_(sigma * sign).add_(master[name]))
 
 
+def cast_params(model, dtype):
+    """Change the parameters' dtype only: buffers such as RoPE's inv_freq stay fp32, as from_pretrained leaves them."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+
+
 def restore(params, master):
     with torch.no_grad():
         for name, p in params.items():
@@ -258,10 +264,10 @@ def save_checkpoint(model, tok, master, args, state):
     tmp = os.path.join(args.out, f".tmp-{state['iteration']:06d}")
     shutil.rmtree(tmp, ignore_errors=True)
     dtype = next(model.parameters()).dtype
-    model.float()  # save the exact fp32 master, whatever the working dtype
+    cast_params(model, torch.float32)  # save the exact fp32 master, whatever the working dtype
     restore(dict(model.named_parameters()), master)
     model.save_pretrained(tmp)
-    model.to(dtype)
+    cast_params(model, dtype)
     restore(dict(model.named_parameters()), master)
     tok.save_pretrained(tmp)
     for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
@@ -290,6 +296,8 @@ def setup_distributed(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and world > 1:
         device = f"cuda:{local}"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # so that nccl collectives and all_gather_object use this rank's GPU
     if device.startswith("cpu"):
         torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     return rank, world, device
@@ -307,8 +315,14 @@ def train(args, model=None, tokenizer=None):
             saved = json.load(f)
         with open(os.path.join(ckpt, "state.json")) as f:
             state = json.load(f)
+        default, free = Args(), ("iterations", "resume", "out", "device", "threads")
+        changed = [k for k, v in dataclasses.asdict(args).items()
+                   if k not in free and v != getattr(default, k) and v != saved.get(k)]
+        if changed:
+            raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device and --threads may "
+                                    f"change (got --{changed[0].replace('_', '-')})")
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
-                       "device": args.device or saved["device"]})
+                       "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
@@ -322,7 +336,8 @@ def train(args, model=None, tokenizer=None):
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
     init = {k: p.detach().float().clone() for k, p in base.named_parameters()}
     del base
-    model.to(dict(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)[args.dtype]).eval()
+    cast_params(model, dict(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)[args.dtype])
+    model.eval()
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
@@ -335,7 +350,8 @@ def train(args, model=None, tokenizer=None):
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "es", **dataclasses.asdict(args),
                                                   "trained_params": sum(p.numel() for p in params.values())}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
-            lines = [ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+            lines = ([ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+                     if os.path.exists(log_path) else [])
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(lines)
             os.replace(log_path + ".tmp", log_path)
@@ -363,14 +379,16 @@ def train(args, model=None, tokenizer=None):
         # 2.-3. perturb, score, restore: this rank's members only
         timing = {"perturb": 0.0, "generate": 0.0}
         scores = score_members(model, tokenizer, task, batch, mine, master, params, args, t, timing)
-        table = torch.zeros(args.population, 4, dtype=torch.float64)  # reward, format, answer, tokens
+        table = torch.zeros(args.population, 4, dtype=torch.float64, device=device)  # reward, format, answer, tokens
         for n, s in scores.items():
-            table[n] = torch.tensor([s["reward"], s["format"], s["answer"], s["tokens"]], dtype=torch.float64)
+            table[n] = torch.tensor([s["reward"], s["format"], s["answer"], s["tokens"]], dtype=torch.float64,
+                                    device=device)
         logs = [{n: (s["answers"], s["solved"]) for n, s in scores.items()}]
         if world > 1:  # only the N rewards are needed for the update; answers are for the diversity log
             dist.all_reduce(table)  # each row is filled by exactly one rank, the rest add exact zeros
             logs = [None] * world
             dist.all_gather_object(logs, {n: (s["answers"], s["solved"]) for n, s in scores.items()})
+        table = table.cpu()
         rewards = table[:, 0].numpy()
         if not np.isfinite(rewards).all():
             raise Diverged(f"non-finite reward at iteration {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")

@@ -31,7 +31,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -84,7 +83,7 @@ class Args:
     grad_checkpointing: bool = False
     """trade compute for activation memory"""
     dtype: str = "fp32"
-    """fp32 | bf16 | fp16: autocast dtype of the forward passes (weights and optimizer stay fp32)"""
+    """fp32 | bf16: autocast dtype of the forward passes (weights and optimizer stay fp32; fp16 would need a scaler)"""
     batch_size: int = 512
     """rows per generation batch"""
     seed: int = 0
@@ -194,11 +193,13 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
         sync = model.no_sync() if world > 1 and i + mb < B else nullcontext()  # all-reduce once, at the end
         with sync, autocast or nullcontext():
             logp, logits = token_logprobs(model, ids[sl], attn[sl], args.temperature)
-            old = old_logp[sl] if old_logp is not None else logp.detach()
+            valid = comp[sl] > 0  # zero the prompt and pad positions *before* any exp: no inf * 0 = NaN there
+            logp = torch.where(valid, logp, 0.0)
+            old = torch.where(valid, old_logp[sl], 0.0) if old_logp is not None else logp.detach()
             obj, clipped = surrogate(logp, old, adv[sl].unsqueeze(-1), args.eps_low, args.eps_high)
             per_token = -obj
             if ref_logp is not None:
-                kl = kl_k3(logp, ref_logp[sl])
+                kl = kl_k3(logp, torch.where(valid, ref_logp[sl], 0.0))
                 per_token = per_token + args.beta * kl
             loss = aggregate(per_token, comp[sl], args.loss, n_seqs, n_tokens, args.max_new_tokens) * world
             loss.backward()
@@ -215,14 +216,16 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
 def check_args(args, world):
     if args.group < 2:
         raise verify.UsageError(f"--group must be >= 2, got {args.group}")
-    if args.prompts < 1 or args.prompts % world:
-        raise verify.UsageError(f"--prompts must be a positive multiple of the world size {world}, got {args.prompts}")
+    per_step = min(args.prompts, args.train_problems)
+    if per_step < 1 or per_step % world:
+        raise verify.UsageError(f"--prompts (at most --train-problems) must be a positive multiple of the world size "
+                                f"{world}, got {per_step}")
     if args.lr <= 0 or args.micro_batch < 1 or args.inner_epochs < 1 or args.eval_n < 1 or args.iterations < 0:
         raise verify.UsageError("--lr, --micro-batch, --inner-epochs and --eval-n must be positive, --iterations >= 0")
     if args.eps_low < 0 or args.eps_high < 0 or args.beta < 0:
         raise verify.UsageError("--eps-low, --eps-high and --beta must be >= 0")
-    if args.dtype not in ("fp32", "bf16", "fp16"):
-        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16, fp16)")
+    if args.dtype not in ("fp32", "bf16"):
+        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16)")
     advantages(torch.zeros(1, 2), args.scale_rewards)
     aggregate(torch.zeros(1, 1), torch.ones(1, 1), args.loss, 1, 1, 1)
 
@@ -266,6 +269,8 @@ def setup_distributed(args):
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and world > 1:
         device = f"cuda:{local}"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # so that nccl collectives and all_gather_object use this rank's GPU
     if device.startswith("cpu"):
         torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // local_world))
     return rank, world, device
@@ -283,8 +288,14 @@ def train(args, model=None, tokenizer=None):
             saved = json.load(f)
         with open(os.path.join(ckpt, "state.json")) as f:
             state = json.load(f)
+        default, free = Args(), ("iterations", "resume", "out", "device", "threads")
+        changed = [k for k, v in dataclasses.asdict(args).items()
+                   if k not in free and v != getattr(default, k) and v != saved.get(k)]
+        if changed:
+            raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device and --threads may "
+                                    f"change (got --{changed[0].replace('_', '-')})")
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
-                       "device": args.device or saved["device"]})
+                       "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
@@ -304,8 +315,7 @@ def train(args, model=None, tokenizer=None):
     if ckpt:
         opt.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    autocast = (torch.autocast(device.split(":")[0], dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
-                if args.dtype != "fp32" else nullcontext())
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     held_out = task.examples("test", args.eval_problems, seed=1234)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -315,7 +325,8 @@ def train(args, model=None, tokenizer=None):
         if start_it == 0:
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "grpo", **dataclasses.asdict(args)}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
-            lines = [ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+            lines = ([ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
+                     if os.path.exists(log_path) else [])
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(lines)
             os.replace(log_path + ".tmp", log_path)
@@ -354,10 +365,13 @@ def train(args, model=None, tokenizer=None):
                                dtype=torch.float32).view(-1, args.group)  # [P_local, G]
         if not torch.isfinite(rewards).all():
             raise Diverged(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
-        if world > 1 and args.scale_rewards == "batch":
-            everyone = [torch.zeros_like(rewards) for _ in range(world)]
-            dist.all_gather(everyone, rewards)
-            adv = advantages(torch.cat(everyone), "batch")[rank * len(batch):(rank + 1) * len(batch)]
+        all_rewards = rewards  # [P, G] over all ranks: for the batch std and the log
+        if world > 1:
+            everyone = [torch.zeros_like(rewards, device=device) for _ in range(world)]
+            dist.all_gather(everyone, rewards.to(device))
+            all_rewards = torch.cat(everyone).cpu()
+        if args.scale_rewards == "batch":
+            adv = advantages(all_rewards, "batch")[rank * len(batch):(rank + 1) * len(batch)]
         else:
             adv = advantages(rewards, args.scale_rewards)
         adv = adv.reshape(-1)  # [B] one advantage per completion
@@ -365,7 +379,7 @@ def train(args, model=None, tokenizer=None):
         ids, attn, comp, adv = ids.to(device), attn.to(device), comp.to(device).float(), adv.to(device)
         batch_t = (ids, attn, comp, adv)
         # normalisers over the whole step: all micro-batches, all ranks (DDP averages gradients, hence * world)
-        counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64)
+        counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64, device=device)
         if world > 1:
             dist.all_reduce(counts)
         n_seqs, n_tokens = float(counts[0]), float(counts[1])
@@ -390,25 +404,28 @@ def train(args, model=None, tokenizer=None):
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
-        local_tokens = float(comp.sum())
+        # step metrics summed over ranks: completions, their tokens, generated tokens, format, answer, entropy, clip, kl
+        sums = torch.tensor([len(s.texts), float(comp.sum()), s.tokens, sum(p["format"] for p in parts),
+                             sum(p["answer"] for p in parts), stats["entropy"], stats["clip"], stats["kl"]],
+                            dtype=torch.float64, device=device)
+        if world > 1:
+            dist.all_reduce(sums)
+        n_comp, n_tok, n_gen, n_format, n_answer, ent, clip, kl = sums.tolist()
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
             raise Diverged(f"non-finite weights after step {t + 1} ({bad[0]}); "
                            f"last good checkpoint: {latest_checkpoint(args.out)}")
-        gens += len(s.texts) * world
-        tokens += s.tokens * world
+        gens += int(n_comp)
+        tokens += int(n_gen)
         wall += time.time() - t0
         if rank == 0:
-            rec = {"type": "train", "iteration": t + 1, "reward": float(rewards.mean()),
-                   "reward_std": float(rewards.std()), "reward_min": float(rewards.min()),
-                   "reward_max": float(rewards.max()),
-                   "format": float(np.mean([p["format"] for p in parts])),
-                   "answer": float(np.mean([p["answer"] for p in parts])),
-                   "token_entropy": stats["entropy"] / max(local_tokens, 1),
-                   "clip_frac": stats["clip"] / max(local_tokens * args.inner_epochs, 1),
-                   "kl": stats["kl"] / max(local_tokens, 1), "loss": stats["loss"] / args.inner_epochs,
-                   "zero_std_frac": float((rewards.std(dim=1) == 0).float().mean()),
-                   "mean_length": local_tokens / len(s.texts), "generations": gens, "tokens": tokens, "wall": wall,
+            rec = {"type": "train", "iteration": t + 1, "reward": float(all_rewards.mean()),
+                   "reward_std": float(all_rewards.std()), "reward_min": float(all_rewards.min()),
+                   "reward_max": float(all_rewards.max()), "format": n_format / n_comp, "answer": n_answer / n_comp,
+                   "token_entropy": ent / max(n_tok, 1), "clip_frac": clip / max(n_tok * args.inner_epochs, 1),
+                   "kl": kl / max(n_tok, 1), "loss": stats["loss"] / args.inner_epochs,
+                   "zero_std_frac": float((all_rewards.std(dim=1) == 0).float().mean()),
+                   "mean_length": n_tok / n_comp, "generations": gens, "tokens": tokens, "wall": wall,
                    "time_generate": t_gen, "time_update": time.time() - t0 - t_gen}
             log_line(log_path, rec)
             bar.set_postfix(reward=f"{rec['reward']:.3f}", H=f"{rec['token_entropy']:.2f}")

@@ -153,9 +153,14 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
     so a caller that shards prompts across ranks passes their global indices and gets the unsharded samples.
     """
     keys = list(range(len(prompts))) if keys is None else list(keys)
+    if max_new_tokens < 1:
+        raise verify.UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     device = next(model.parameters()).device
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
+    # stop on the tokenizer's EOS and on every EOS the model's generation config lists (Qwen2.5-Instruct has two)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos_ids = sorted({tokenizer.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
+    eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     bos = tokenizer.bos_token
     enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
@@ -187,7 +192,7 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             ent_sum += torch.where(done, 0.0, token_entropy(logits, temperature).double())
             gen[:, t] = tok
-            done |= tok == eos
+            done |= torch.isin(tok, eos_t)
             if bool(done.all()):
                 break
             step_ids = tok.unsqueeze(-1)
@@ -196,9 +201,9 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
         gen, ent_sum = gen.cpu().tolist(), ent_sum.cpu().tolist()
         for b in range(B):
             row = gen[b]
-            length = row.index(eos) + 1 if eos in row[:t + 1] else t + 1
+            length = next((i + 1 for i, x in enumerate(row[:t + 1]) if x in eos_ids), t + 1)
             out_ids[start + b], ent[start + b] = row[:length], ent_sum[b]
-    texts = tokenizer.batch_decode([[x for x in c if x != eos] for c in out_ids], skip_special_tokens=True)
+    texts = tokenizer.batch_decode([[x for x in c if x not in eos_ids] for c in out_ids], skip_special_tokens=True)
     return Samples(texts, [enc[i] for i, _ in rows], out_ids, ent, sum(len(c) for c in out_ids))
 
 

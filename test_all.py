@@ -458,9 +458,22 @@ def test_sampling_is_seeded_and_stops_at_eos(toy_model):
     for ids in a.completion_ids:
         assert ids[-1] == tok.eos_token_id or len(ids) == 12
         assert tok.eos_token_id not in ids[:-1]
+    with pytest.raises(verify.UsageError, match="max_new_tokens"):
+        passk.sample(model, tok, prompts, max_new_tokens=0)
     nucleus = passk.sample(model, tok, prompts, n=2, temperature=1.0, top_p=1e-9, max_new_tokens=12, seed=3)
     greedy = passk.sample(model, tok, prompts, n=1, temperature=0, max_new_tokens=12)
     assert nucleus.texts == [t for t in greedy.texts for _ in range(2)]  # top-p -> 0 is greedy
+
+
+def test_sampler_stops_at_every_eos_of_the_generation_config(toy_model):
+    model, tok = copy.deepcopy(toy_model[0]), toy_model[1]
+    plus = tok.convert_tokens_to_ids("+")
+    model.generation_config.eos_token_id = [tok.eos_token_id, plus]  # as Qwen2.5-Instruct lists two
+    prompts = [verify.get_task("toy").prompt(ex) for ex in verify.get_task("toy").examples("test", 8, seed=1)]
+    s = passk.sample(model, tok, prompts, n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    assert any(ids[-1] == plus for ids in s.completion_ids)
+    assert all(plus not in ids[:-1] and tok.eos_token_id not in ids[:-1] for ids in s.completion_ids)
+    assert not any("+" in text for text in s.texts)
 
 
 def test_embedded_model_has_latent_modes(toy_model):
@@ -649,6 +662,7 @@ def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path):
     w = weights(tmp_path / "bf16")
     assert all(v.dtype == torch.float32 for v in w.values())
     assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # only parameters are cast, as from_pretrained does
     base = passk.load_model(TOY)[0].state_dict()
     k = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(w[k], base[k]) and not torch.equal(w[k], w[k].to(torch.bfloat16).float())
@@ -686,6 +700,9 @@ def test_es_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
 
 def test_es_and_grpo_refuse_to_overwrite_a_run(tmp_path, capsys):
     es.train(small_es(tmp_path, "run", iterations=1))
+    with pytest.raises(SystemExit) as e:  # a resumed run keeps its settings
+        es.main(small_es(tmp_path, "again", iterations=3, sigma=0.07, resume=str(tmp_path / "run")))
+    assert e.value.code == 2 and "--sigma" in capsys.readouterr().err
     for module, args in ((es, small_es(tmp_path, "run")), (grpo, small_grpo(tmp_path, "run"))):
         with pytest.raises(SystemExit) as e:
             module.main(args)
@@ -826,6 +843,7 @@ def test_grpo_torchrun_two_processes(tmp_path):
 @pytest.mark.parametrize("kw,msg", [
     (dict(group=1), "--group"), (dict(loss="ppo"), "--loss"), (dict(scale_rewards="max"), "--scale-rewards"),
     (dict(lr=0.0), "--lr"), (dict(task="nope"), "unknown task"), (dict(model="./missing/model"), "does not exist"),
+    (dict(dtype="fp16"), "--dtype"), (dict(prompts=0), "--prompts"),
 ])
 def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
     with pytest.raises(SystemExit) as e:
