@@ -6,6 +6,7 @@ metrics, so "the same budget" and "the same Pass@k" mean the same thing for ever
     python passk.py --task toy --n 64 --plot toy.png                  # the embedded model (models/toy)
     python passk.py --model Qwen/Qwen2.5-1.5B-Instruct --task math --data ../shared/data/math500.jsonl --n 16
     python passk.py --compare base.jsonl es.jsonl grpo.jsonl --plot cmp.png   # overlay Pass@k curves
+    python passk.py --curves runs/es/log.jsonl runs/grpo/log.jsonl --plot curves.png  # held-out metrics over training
 
 The sampler draws token t of completion j of prompt i by inverse-CDF sampling with a uniform number taken from a
 stream seeded by (seed, i, j) alone. So a completion depends only on the model, the prompt and that triple: not on the
@@ -284,6 +285,8 @@ class Args:
     """write a Pass@k plot (log2 k on x) to this png ('' for none)"""
     compare: list = dataclasses.field(default_factory=list)
     """overlay the Pass@k curves of these jsonl files (written by --out) instead of evaluating"""
+    curves: list = dataclasses.field(default_factory=list)
+    """plot held-out Pass@1, Pass@K and token entropy over training from these es.py / grpo.py log.jsonl files"""
 
 
 def parse_ks(text, n):
@@ -349,7 +352,44 @@ def read_summary(path):
     return label, curve
 
 
+def plot_training(paths, path):
+    """Held-out Pass@1, Pass@K (the largest k logged) and token entropy against iteration, one line per run log."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise verify.UsageError("--curves needs matplotlib (pip install matplotlib)") from None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for p in paths:
+        try:
+            recs = [json.loads(line) for line in open(p)]
+        except (OSError, json.JSONDecodeError) as e:
+            raise verify.UsageError(f"cannot read training log {p}: {e}") from None
+        algo = next((r.get("algo", "?") for r in recs if r.get("type") == "config"), "?")
+        evals = [r for r in recs if r.get("type") == "eval"]
+        if not evals:
+            raise verify.UsageError(f"{p}: no eval lines")
+        big = max(int(k[5:]) for k in evals[0] if k.startswith("pass@"))
+        its = [r["iteration"] for r in evals]
+        label = f"{algo} ({os.path.basename(os.path.dirname(os.path.abspath(p)))})"
+        for ax, key in zip(axes, ("pass@1", f"pass@{big}", "token_entropy")):
+            ax.plot(its, [r[key] for r in evals], marker="o", label=label)
+            ax.set_title(key if key != "token_entropy" else "token entropy (nats)")
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(args):
+    if args.curves:
+        path = "curves.png" if args.plot in ("", Args.plot) else args.plot
+        plot_training(args.curves, path)
+        print(f"plot: {path}")
+        return None
     if args.compare:
         runs = [read_summary(p) for p in args.compare]
         for label, curve in runs:

@@ -630,6 +630,9 @@ def test_es_smoke_run_logs_every_metric(tmp_path):
         assert key in train[-1], key
     assert train[-1]["generations"] == 2 * 4 * 16 * 2 and train[-1]["drift"] > 0
     assert {"pass@1", "pass@2", "answer_entropy", "token_entropy"} <= set(evals[-1])
+    png = tmp_path / "curves.png"
+    passk.main(passk.Args(curves=[os.path.join(args.out, "log.jsonl")], plot=str(png)))
+    assert png.stat().st_size > 1000
     ckpt = es.latest_checkpoint(args.out)
     assert ckpt.endswith("checkpoint-000002") and not [d for d in os.listdir(args.out) if d.startswith(".tmp")]
     assert json.load(open(os.path.join(ckpt, "state.json")))["iteration"] == 2
