@@ -404,13 +404,14 @@ def train(args, model=None, tokenizer=None):
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
-        # step metrics summed over ranks: completions, their tokens, generated tokens, format, answer, entropy, clip, kl
-        sums = torch.tensor([len(s.texts), float(comp.sum()), s.tokens, sum(p["format"] for p in parts),
-                             sum(p["answer"] for p in parts), stats["entropy"], stats["clip"], stats["kl"]],
-                            dtype=torch.float64, device=device)
+        # step metrics summed over ranks (completions and their tokens are n_seqs, n_tokens above):
+        # generated tokens (EOS included), format, answer, entropy, clip, kl
+        sums = torch.tensor([s.tokens, sum(p["format"] for p in parts), sum(p["answer"] for p in parts),
+                             stats["entropy"], stats["clip"], stats["kl"]], dtype=torch.float64, device=device)
         if world > 1:
             dist.all_reduce(sums)
-        n_comp, n_tok, n_gen, n_format, n_answer, ent, clip, kl = sums.tolist()
+        n_gen, n_format, n_answer, ent, clip, kl = sums.tolist()
+        n_comp, n_tok = n_seqs, n_tokens
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
             raise Diverged(f"non-finite weights after step {t + 1} ({bad[0]}); "

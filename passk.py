@@ -310,14 +310,20 @@ def parse_ks(text, n):
     return ks
 
 
-def plot_curves(runs, path):
-    """runs: [(label, {k: pass@k})] -> one png, log2 k on x."""
+def pyplot(flag):
+    """matplotlib.pyplot on the file-only backend; a one-line error when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise verify.UsageError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise verify.UsageError(f"{flag} needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def plot_curves(runs, path):
+    """runs: [(label, {k: pass@k})] -> one png, log2 k on x."""
+    plt = pyplot("--plot")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, curve in runs:
         ks = sorted(curve)
@@ -354,12 +360,7 @@ def read_summary(path):
 
 def plot_training(paths, path):
     """Held-out Pass@1, Pass@K (the largest k logged) and token entropy against iteration, one line per run log."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise verify.UsageError("--curves needs matplotlib (pip install matplotlib)") from None
+    plt = pyplot("--curves")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for p in paths:
         try:
