@@ -8,7 +8,7 @@ the verifier,  (4) shape the rewards into fitness f_n,  (5) theta += alpha * mea
     torchrun --nproc_per_node 8 es.py --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --population 30 \\
         --sigma 1e-3 --alpha 5e-4 --prompts 200 --iterations 500 --dtype bf16 --max-new-tokens 1024
 
-How this differs from the reference code (see ../shared/notes/ANCHORS.md for its known defects):
+How this differs from the public reference code of Qiu et al., whose known defects are avoided on purpose:
 - fp32 master weights; a member's working weights are *written* as master + sigma*eps (in the working dtype) and the
   restore is a copy of the master, so perturb/restore never drifts (their bf16 in-place add/subtract does).
 - eps_n is drawn tensor by tensor from an independent stream seeded by (run seed, iteration, member, tensor name):
@@ -47,63 +47,64 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown | gsm8k | math | toy"""
+    """countdown, gsm8k, math, toy"""
     data: str = ""
-    """local data file for the task (jsonl); required by gsm8k and math"""
+    """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100
-    """ES iterations in total (a resumed run continues up to this many)"""
+    """ES iterations in total (a resumed run continues up to this many); in [0, inf)"""
     population: int = 30
-    """N, members per iteration (paper recipe: 30)"""
+    """N, members per iteration (paper recipe: 30); in [2, inf)"""
     sigma: float = 0.02
-    """perturbation scale (paper recipe for 0.5B-7B models: 1e-3)"""
+    """perturbation scale (paper recipe for 0.5B-7B models: 1e-3); in (0, inf)"""
     alpha: float = 0.008
-    """step size, 1/sigma folded in: theta += alpha * mean(f * eps) (paper recipe: 5e-4)"""
+    """step size, 1/sigma folded in: theta += alpha * mean(f * eps) (paper recipe: 5e-4); in (0, inf)"""
     prompts: int = 128
-    """training prompts per iteration, every member scores all of them"""
+    """training prompts per iteration, every member scores all of them; in [1, inf)"""
     train_problems: int = 2000
-    """size of the training pool the prompts are drawn from each iteration (the paper: 200 fixed prompts)"""
+    """training pool the prompts are drawn from each iteration (the paper: 200 fixed prompts); in [1, inf)"""
     fitness: str = "zscore"
-    """zscore | rank (centered, ties averaged) | raw (r - mean)"""
+    """fitness shaping: z-score, centered ranks (ties averaged) or raw r - mean; one of {zscore, rank, raw}"""
     antithetic: bool = False
     """mirrored pairs eps, -eps (needs an even population)"""
     params: str = "all"
-    """all | matrices (2-D tensors only) | a regex on parameter names"""
+    """which parameters ES trains: all, matrices (2-D tensors only), or a regex on parameter names"""
     dtype: str = "fp32"
-    """working weights fp32 | bf16 | fp16 (the master is always fp32)"""
+    """dtype of the working weights (the master is always fp32); one of {fp32, bf16, fp16}"""
     weight_decay: float = 0.0
-    """decoupled decay theta -= alpha * wd * theta"""
+    """decoupled decay theta -= alpha * wd * theta; in [0, inf)"""
     anchor_decay: float = 0.0
-    """decay toward the initial weights: theta -= alpha * ad * (theta - theta_0)"""
+    """decay toward the initial weights: theta -= alpha * ad * (theta - theta_0); in [0, inf)"""
     temperature: float = 0.0
-    """scoring: 0 = greedy (the paper), > 0 = sampled with the same seed for every member (common random numbers)"""
+    """scoring: 0 greedy (the paper), > 0 sampled with one seed for every member (common random numbers); in [0, inf)"""
     samples: int = 4
-    """completions per prompt and member when sampling"""
+    """completions per prompt and member when sampling; in [1, inf)"""
     max_new_tokens: int = 16
-    """generation budget per completion"""
+    """generation budget per completion; in [1, inf)"""
     batch_size: int = 512
-    """rows per generation batch"""
+    """rows per generation batch; in [1, inf)"""
     seed: int = 0
-    """run seed: noise, prompt order and sampling all derive from it"""
+    """run seed: noise, prompt order and sampling all derive from it; in [0, inf)"""
     eval_every: int = 25
-    """held-out Pass@k every this many iterations (and at start and end; 0 = only at start and end)"""
+    """held-out Pass@k every this many iterations (and at start and end; 0 = only at start and end); in [0, inf)"""
     eval_n: int = 16
-    """samples per held-out problem (Pass@1..Pass@eval_n)"""
+    """samples per held-out problem (Pass@1..Pass@eval_n); in [1, inf)"""
     eval_problems: int = 200
-    """held-out problems"""
+    """held-out problems; in [1, inf)"""
     save_every: int = 25
-    """checkpoint every this many iterations (and at the end)"""
+    """checkpoint every this many iterations (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/es"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
     """continue the run saved in this directory (its args, up to --iterations in total)"""
     device: str = ""
-    """cpu | cuda (default: cuda when available; torchrun: cuda:LOCAL_RANK)"""
+    """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
-    """torch CPU threads per process (0: cores / local processes)"""
+    """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
 
 
-class Diverged(Exception):
-    """Non-finite rewards or weights: the run stops, the last good checkpoint stays."""
+class RunError(Exception):
+    """The run cannot go on (non-finite rewards or weights, a checkpoint that cannot be written): exit 1, and the
+    last good checkpoint stays, so that --resume can continue once the cause is fixed."""
 
 
 # ---- 1. seeds ---------------------------------------------------------------------------------------------------
@@ -240,17 +241,10 @@ def select_params(model, spec):
 
 
 def check_args(args):
-    if args.sigma <= 0:
-        raise verify.UsageError(f"--sigma must be > 0, got {args.sigma}")
-    if args.population < 2:
-        raise verify.UsageError(f"--population must be >= 2, got {args.population}")
+    """Every flag against the range or choices in its doc (passk.check_fields), then what no single flag shows."""
+    passk.check_fields(args)
     if args.antithetic and args.population % 2:
         raise verify.UsageError(f"--antithetic needs an even --population, got {args.population}")
-    if args.alpha <= 0 or args.prompts < 1 or args.iterations < 0 or args.samples < 1 or args.eval_n < 1:
-        raise verify.UsageError("--alpha, --prompts, --samples and --eval-n must be positive, --iterations >= 0")
-    if args.dtype not in ("fp32", "bf16", "fp16"):
-        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16, fp16)")
-    shape_fitness([0.0, 1.0], args.fitness)  # validates the name
 
 
 def latest_checkpoint(out):
@@ -258,26 +252,61 @@ def latest_checkpoint(out):
     return os.path.join(out, ckpts[-1]) if ckpts else None
 
 
+def read_checkpoint(ckpt):
+    """(saved args, state) of a checkpoint; a damaged one is a one-line error that changes nothing on disk."""
+    found = []
+    for fname in ("args.json", "state.json"):
+        path = os.path.join(ckpt, fname)
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError) as e:
+            raise verify.UsageError(f"--resume: {path} is damaged ({e}); nothing was changed: restore that file from "
+                                    f"a copy, or start again with a new --out") from None
+    if not isinstance(found[1].get("iteration"), int) or set(found[0]) - {f.name for f in dataclasses.fields(Args)}:
+        raise verify.UsageError(f"--resume: {ckpt} was not written by this es.py (unexpected args.json/state.json)")
+    return found
+
+
 def save_checkpoint(model, tok, master, args, state):
-    """OUT/checkpoint-NNNNNN with fp32 weights, tokenizer, args.json, state.json; written to a temp dir then renamed."""
+    """OUT/checkpoint-NNNNNN with fp32 weights, tokenizer, args.json, state.json: written to a temp dir then renamed,
+    so a kill or a failed write (disk full) never leaves a half checkpoint and the previous one stays."""
     final = os.path.join(args.out, f"checkpoint-{state['iteration']:06d}")
     tmp = os.path.join(args.out, f".tmp-{state['iteration']:06d}")
     shutil.rmtree(tmp, ignore_errors=True)
     dtype = next(model.parameters()).dtype
-    cast_params(model, torch.float32)  # save the exact fp32 master, whatever the working dtype
-    restore(dict(model.named_parameters()), master)
-    model.save_pretrained(tmp)
-    cast_params(model, dtype)
-    restore(dict(model.named_parameters()), master)
-    tok.save_pretrained(tmp)
-    for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
-        with open(os.path.join(tmp, fname), "w") as f:
-            json.dump(obj, f, indent=1)
-    os.replace(tmp, final)
+    try:
+        cast_params(model, torch.float32)  # save the exact fp32 master, whatever the working dtype
+        restore(dict(model.named_parameters()), master)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
+            with open(os.path.join(tmp, fname), "w") as f:
+                json.dump(obj, f, indent=1)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(f"cannot write {final}: {e.strerror or e}; the last good checkpoint is "
+                       f"{latest_checkpoint(args.out)}: fix the cause, then --resume {args.out}") from None
+    finally:
+        cast_params(model, dtype)
+        restore(dict(model.named_parameters()), master)
     for old in os.listdir(args.out):  # keep only the newest checkpoint
         if re.fullmatch(r"checkpoint-\d+", old) and os.path.join(args.out, old) != final:
             shutil.rmtree(os.path.join(args.out, old))
     return final
+
+
+def read_log(path):
+    """The records of a log.jsonl; a line cut short by a kill (the last one) is dropped, as it is about to be redone."""
+    records = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass
+    return records
 
 
 def log_line(path, rec):
@@ -293,7 +322,7 @@ def setup_distributed(args):
             dist.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = passk.check_device(args.device)
     if device == "cuda" and world > 1:
         device = f"cuda:{local}"
     if device.startswith("cuda"):
@@ -305,16 +334,13 @@ def setup_distributed(args):
 
 # ---- the loop -----------------------------------------------------------------------------------------------------
 def train(args, model=None, tokenizer=None):
-    """Run ES; returns the trained model (master weights in the working dtype). model/tokenizer: already loaded."""
+    """Run ES; returns the trained model holding the fp32 master weights. model/tokenizer: already loaded."""
     start_it, state = 0, {}
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
         if ckpt is None:
             raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
-        with open(os.path.join(ckpt, "args.json")) as f:
-            saved = json.load(f)
-        with open(os.path.join(ckpt, "state.json")) as f:
-            state = json.load(f)
+        saved, state = read_checkpoint(ckpt)
         default, free = Args(), ("iterations", "resume", "out", "device", "threads")
         changed = [k for k, v in dataclasses.asdict(args).items()
                    if k not in free and v != getattr(default, k) and v != saved.get(k)]
@@ -327,6 +353,7 @@ def train(args, model=None, tokenizer=None):
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
     check_args(args)
+    passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)
     if model is None or args.resume:
@@ -336,7 +363,7 @@ def train(args, model=None, tokenizer=None):
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
     init = {k: p.detach().float().clone() for k, p in base.named_parameters()}
     del base
-    cast_params(model, dict(fp32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16)[args.dtype])
+    cast_params(model, passk.DTYPES[args.dtype])
     model.eval()
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
@@ -350,10 +377,8 @@ def train(args, model=None, tokenizer=None):
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "es", **dataclasses.asdict(args),
                                                   "trained_params": sum(p.numel() for p in params.values())}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
-            lines = ([ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
-                     if os.path.exists(log_path) else [])
             with open(log_path + ".tmp", "w") as f:
-                f.writelines(lines)
+                f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
             os.replace(log_path + ".tmp", log_path)
     gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
 
@@ -391,13 +416,13 @@ def train(args, model=None, tokenizer=None):
         table = table.cpu()
         rewards = table[:, 0].numpy()
         if not np.isfinite(rewards).all():
-            raise Diverged(f"non-finite reward at iteration {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+            raise RunError(f"non-finite reward at iteration {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
         # 4. fitness shaping; 5. the update, identical on every rank
         fitness = shape_fitness(rewards, args.fitness)
         t1 = time.time()
         update_norm = es_update(trained, fitness, args, t, init)
         if not all(torch.isfinite(w).all() for w in trained.values()):
-            raise Diverged(f"non-finite weights after iteration {t + 1}; "
+            raise RunError(f"non-finite weights after iteration {t + 1}; "
                            f"last good checkpoint: {latest_checkpoint(args.out)}")
         restore(params, master)
         t_update = time.time() - t1
@@ -429,6 +454,8 @@ def train(args, model=None, tokenizer=None):
                                                              "tokens": tokens, "wall": wall})
         if world > 1:
             dist.barrier()
+    cast_params(model, torch.float32)  # hand back the exact fp32 master (what the checkpoint holds), e.g. to a schedule
+    restore(dict(model.named_parameters()), master)
     return model
 
 
@@ -438,25 +465,13 @@ def main(args):
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except Diverged as e:
+    except (RunError, OSError) as e:  # OSError: e.g. the disk filled up while logging; checkpoints are atomic
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
 
 
 def parse_args(argv=None):
-    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
-    p = Parser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(Args):
-        kind = argparse.BooleanOptionalAction if f.type is bool else None
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
-                       **({"action": kind} if kind else {"type": type(f.default)}))
-    return Args(**vars(p.parse_args(argv)))
+    return passk.parse_flags(Args, argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -43,71 +43,72 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown | gsm8k | math | toy"""
+    """countdown, gsm8k, math, toy"""
     data: str = ""
-    """local data file for the task (jsonl); required by gsm8k and math"""
+    """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 150
-    """optimizer steps in total (a resumed run continues up to this many)"""
+    """optimizer steps in total (a resumed run continues up to this many); in [0, inf)"""
     prompts: int = 32
-    """prompts per step (split across ranks)"""
+    """prompts per step (split across ranks); in [1, inf)"""
     group: int = 8
-    """G, completions per prompt"""
+    """G, completions per prompt; in [2, inf)"""
     train_problems: int = 2000
-    """size of the training pool the prompts are drawn from each step"""
+    """size of the training pool the prompts are drawn from each step; in [1, inf)"""
     lr: float = 2e-4
-    """AdamW learning rate (real 1.5B models: 1e-6)"""
+    """AdamW learning rate (real 1.5B models: 1e-6); in (0, inf)"""
     weight_decay: float = 0.0
-    """AdamW weight decay"""
+    """AdamW weight decay; in [0, inf)"""
     max_grad_norm: float = 1.0
-    """gradient clipping (0: off)"""
+    """gradient clipping by global norm (0: off); in [0, inf)"""
     temperature: float = 1.0
-    """rollout sampling temperature"""
+    """rollout sampling temperature (0, greedy, would give every group identical rollouts); in (0, inf)"""
     top_p: float = 1.0
-    """rollout nucleus mass"""
+    """rollout nucleus mass; in (0, 1]"""
     max_new_tokens: int = 16
-    """generation budget per completion"""
+    """generation budget per completion; in [1, inf)"""
     scale_rewards: str = "group"
-    """group | batch | none: divide advantages by the group's (or batch's) reward std"""
+    """divide advantages by the group's or the batch's reward std, or not at all; one of {group, batch, none}"""
     loss: str = "dapo"
-    """grpo (sequence mean) | dapo (token mean) | dr_grpo (constant normaliser G * max_new_tokens)"""
+    """grpo: sequence mean, dapo: token mean, dr_grpo: sum / (G*max_new_tokens); one of {grpo, dapo, dr_grpo}"""
     eps_low: float = 0.2
-    """lower clip: ratio >= 1 - eps_low"""
+    """lower clip: ratio >= 1 - eps_low; in [0, 1)"""
     eps_high: float = 0.2
-    """upper clip: ratio <= 1 + eps_high (DAPO clip-higher: 0.28)"""
+    """upper clip: ratio <= 1 + eps_high (DAPO clip-higher: 0.28); in [0, inf)"""
     beta: float = 0.0
-    """KL(policy || reference) coefficient, k3 estimator (TRL: 0, DeepSeekMath: 0.04)"""
+    """KL(policy || reference) coefficient, k3 estimator (TRL: 0, DeepSeekMath: 0.04); in [0, inf)"""
     inner_epochs: int = 1
-    """optimizer steps per batch of rollouts (PPO-style reuse with frozen old log-probabilities)"""
+    """optimizer steps per batch of rollouts (PPO-style reuse, frozen old log-probabilities); in [1, inf)"""
     micro_batch: int = 64
-    """rows per forward/backward (gradient accumulation)"""
+    """rows per forward/backward (gradient accumulation); in [1, inf)"""
     grad_checkpointing: bool = False
     """trade compute for activation memory"""
     dtype: str = "fp32"
-    """fp32 | bf16: autocast dtype of the forward passes (weights and optimizer stay fp32; fp16 would need a scaler)"""
+    """autocast dtype of the forwards (weights, optimizer stay fp32; fp16 would need a scaler); one of {fp32, bf16}"""
     batch_size: int = 512
-    """rows per generation batch"""
+    """rows per generation batch; in [1, inf)"""
     seed: int = 0
-    """run seed: prompt order and sampling derive from it"""
+    """run seed: prompt order and sampling derive from it; in [0, inf)"""
     eval_every: int = 25
-    """held-out Pass@k every this many steps (and at start and end; 0 = only at start and end)"""
+    """held-out Pass@k every this many steps (and at start and end; 0 = only at start and end); in [0, inf)"""
     eval_n: int = 16
-    """samples per held-out problem (Pass@1..Pass@eval_n)"""
+    """samples per held-out problem (Pass@1..Pass@eval_n); in [1, inf)"""
     eval_problems: int = 200
-    """held-out problems"""
+    """held-out problems; in [1, inf)"""
     save_every: int = 25
-    """checkpoint every this many steps (and at the end)"""
+    """checkpoint every this many steps (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/grpo"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
     """continue the run saved in this directory (its args, up to --iterations in total)"""
     device: str = ""
-    """cpu | cuda (default: cuda when available; torchrun: cuda:LOCAL_RANK)"""
+    """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
-    """torch CPU threads per process (0: cores / local processes)"""
+    """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
 
 
-class Diverged(Exception):
-    """Non-finite rewards or weights: the run stops, the last good checkpoint stays."""
+class RunError(Exception):
+    """The run cannot go on (non-finite rewards or weights, a checkpoint that cannot be written): exit 1, and the
+    last good checkpoint stays, so that --resume can continue once the cause is fixed."""
 
 
 def stream_seed(*key) -> int:
@@ -213,21 +214,16 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
 
 
 # ---- setup, checkpoints ---------------------------------------------------------------------------------------------
-def check_args(args, world):
-    if args.group < 2:
-        raise verify.UsageError(f"--group must be >= 2, got {args.group}")
+def check_args(args, world=1):
+    """Every flag against the range or choices in its doc (passk.check_fields), then what no single flag shows."""
+    if args.temperature <= 0:  # checked first for its reason; the range in the doc says the same
+        raise verify.UsageError(f"--temperature must be > 0: at {args.temperature} (greedy) every completion of a group "
+                                f"is the same, every advantage is 0 and GRPO learns nothing")
+    passk.check_fields(args)
     per_step = min(args.prompts, args.train_problems)
     if per_step < 1 or per_step % world:
         raise verify.UsageError(f"--prompts (at most --train-problems) must be a positive multiple of the world size "
                                 f"{world}, got {per_step}")
-    if args.lr <= 0 or args.micro_batch < 1 or args.inner_epochs < 1 or args.eval_n < 1 or args.iterations < 0:
-        raise verify.UsageError("--lr, --micro-batch, --inner-epochs and --eval-n must be positive, --iterations >= 0")
-    if args.eps_low < 0 or args.eps_high < 0 or args.beta < 0:
-        raise verify.UsageError("--eps-low, --eps-high and --beta must be >= 0")
-    if args.dtype not in ("fp32", "bf16"):
-        raise verify.UsageError(f"unknown --dtype {args.dtype!r} (choose from: fp32, bf16)")
-    advantages(torch.zeros(1, 2), args.scale_rewards)
-    aggregate(torch.zeros(1, 1), torch.ones(1, 1), args.loss, 1, 1, 1)
 
 
 def latest_checkpoint(out):
@@ -235,22 +231,56 @@ def latest_checkpoint(out):
     return os.path.join(out, ckpts[-1]) if ckpts else None
 
 
+def read_checkpoint(ckpt):
+    """(saved args, state) of a checkpoint; a damaged one is a one-line error that changes nothing on disk."""
+    found = []
+    for fname in ("args.json", "state.json"):
+        path = os.path.join(ckpt, fname)
+        try:
+            with open(path) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError) as e:
+            raise verify.UsageError(f"--resume: {path} is damaged ({e}); nothing was changed: restore that file from "
+                                    f"a copy, or start again with a new --out") from None
+    if not isinstance(found[1].get("iteration"), int) or set(found[0]) - {f.name for f in dataclasses.fields(Args)}:
+        raise verify.UsageError(f"--resume: {ckpt} was not written by this grpo.py (unexpected args.json/state.json)")
+    return found
+
+
 def save_checkpoint(model, tok, opt, args, state):
-    """OUT/checkpoint-NNNNNN: weights, tokenizer, optimizer.pt, args.json, state.json; temp dir, then rename."""
+    """OUT/checkpoint-NNNNNN: weights, tokenizer, optimizer.pt, args.json, state.json: written to a temp dir then
+    renamed, so a kill or a failed write (disk full) never leaves a half checkpoint and the previous one stays."""
     final = os.path.join(args.out, f"checkpoint-{state['iteration']:06d}")
     tmp = os.path.join(args.out, f".tmp-{state['iteration']:06d}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
-        with open(os.path.join(tmp, fname), "w") as f:
-            json.dump(obj, f, indent=1)
-    os.replace(tmp, final)
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        for fname, obj in (("args.json", dataclasses.asdict(args)), ("state.json", state)):
+            with open(os.path.join(tmp, fname), "w") as f:
+                json.dump(obj, f, indent=1)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RunError(f"cannot write {final}: {e.strerror or e}; the last good checkpoint is "
+                       f"{latest_checkpoint(args.out)}: fix the cause, then --resume {args.out}") from None
     for old in os.listdir(args.out):
         if re.fullmatch(r"checkpoint-\d+", old) and os.path.join(args.out, old) != final:
             shutil.rmtree(os.path.join(args.out, old))
     return final
+
+
+def read_log(path):
+    """The records of a log.jsonl; a line cut short by a kill (the last one) is dropped, as it is about to be redone."""
+    records = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                pass
+    return records
 
 
 def log_line(path, rec):
@@ -266,7 +296,7 @@ def setup_distributed(args):
             dist.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = passk.check_device(args.device)
     if device == "cuda" and world > 1:
         device = f"cuda:{local}"
     if device.startswith("cuda"):
@@ -284,10 +314,7 @@ def train(args, model=None, tokenizer=None):
         ckpt = latest_checkpoint(args.resume)
         if ckpt is None:
             raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
-        with open(os.path.join(ckpt, "args.json")) as f:
-            saved = json.load(f)
-        with open(os.path.join(ckpt, "state.json")) as f:
-            state = json.load(f)
+        saved, state = read_checkpoint(ckpt)
         default, free = Args(), ("iterations", "resume", "out", "device", "threads")
         changed = [k for k, v in dataclasses.asdict(args).items()
                    if k not in free and v != getattr(default, k) and v != saved.get(k)]
@@ -299,8 +326,9 @@ def train(args, model=None, tokenizer=None):
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
+    check_args(args, int(os.environ.get("WORLD_SIZE", "1")))
+    passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
-    check_args(args, world)
     task = verify.get_task(args.task, args.data or None)
     if model is None or ckpt:
         model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
@@ -313,7 +341,11 @@ def train(args, model=None, tokenizer=None):
         model.activation_checkpointing_enable()  # transformers 5 name of gradient checkpointing
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     if ckpt:
-        opt.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+        try:
+            opt.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+        except Exception as e:  # truncated, foreign or missing file: many exception types, one meaning
+            raise verify.UsageError(f"--resume: {os.path.join(ckpt, 'optimizer.pt')} is damaged "
+                                    f"({' '.join(str(e).split())[:200]}); nothing was changed") from None
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
@@ -325,10 +357,8 @@ def train(args, model=None, tokenizer=None):
         if start_it == 0:
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "grpo", **dataclasses.asdict(args)}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
-            lines = ([ln for ln in open(log_path) if json.loads(ln).get("iteration", 0) <= start_it]
-                     if os.path.exists(log_path) else [])
             with open(log_path + ".tmp", "w") as f:
-                f.writelines(lines)
+                f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
             os.replace(log_path + ".tmp", log_path)
     gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
 
@@ -364,7 +394,7 @@ def train(args, model=None, tokenizer=None):
         rewards = torch.tensor([task.reward(c, ex) for c, ex in zip(s.texts, ex_of)],
                                dtype=torch.float32).view(-1, args.group)  # [P_local, G]
         if not torch.isfinite(rewards).all():
-            raise Diverged(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+            raise RunError(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
         all_rewards = rewards  # [P, G] over all ranks: for the batch std and the log
         if world > 1:
             everyone = [torch.zeros_like(rewards, device=device) for _ in range(world)]
@@ -414,7 +444,7 @@ def train(args, model=None, tokenizer=None):
         n_comp, n_tok = n_seqs, n_tokens
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
-            raise Diverged(f"non-finite weights after step {t + 1} ({bad[0]}); "
+            raise RunError(f"non-finite weights after step {t + 1} ({bad[0]}); "
                            f"last good checkpoint: {latest_checkpoint(args.out)}")
         gens += int(n_comp)
         tokens += int(n_gen)
@@ -450,25 +480,13 @@ def main(args):
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except Diverged as e:
+    except (RunError, OSError) as e:  # OSError: e.g. the disk filled up while logging; checkpoints are atomic
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
 
 
 def parse_args(argv=None):
-    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
-    p = Parser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(Args):
-        kind = argparse.BooleanOptionalAction if f.type is bool else None
-        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
-                       **({"action": kind} if kind else {"type": type(f.default)}))
-    return Args(**vars(p.parse_args(argv)))
+    return passk.parse_flags(Args, argv, __doc__)
 
 
 if __name__ == "__main__":

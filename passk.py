@@ -4,7 +4,7 @@ ES (es.py), GRPO (grpo.py) and every evaluation generate text through `sample` b
 metrics, so "the same budget" and "the same Pass@k" mean the same thing for every algorithm.
 
     python passk.py --task toy --n 64 --plot toy.png                  # the embedded model (models/toy)
-    python passk.py --model Qwen/Qwen2.5-1.5B-Instruct --task math --data ../shared/data/math500.jsonl --n 16
+    python passk.py --model Qwen/Qwen2.5-1.5B-Instruct --task math --split all --n 16   # bundled MATH-500
     python passk.py --compare base.jsonl es.jsonl grpo.jsonl --plot cmp.png   # overlay Pass@k curves
     python passk.py --curves runs/es/log.jsonl runs/grpo/log.jsonl --plot curves.png  # held-out metrics over training
 
@@ -14,11 +14,13 @@ batch size, on which other prompts share the batch, or on the device (the unifor
 sampled with the same seed see the same random numbers (common random numbers: ES members are compared on equal
 terms), and a run is reproducible to the bit on a given machine.
 """
+import argparse
 import dataclasses
 import hashlib
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -28,6 +30,7 @@ import torch
 import verify
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ---- Pass@k and diversity -------------------------------------------------------------------------------------
@@ -87,25 +90,38 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 # ---- models -----------------------------------------------------------------------------------------------------
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
-    """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint."""
+    """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint.
+
+    Anything wrong with the files (missing, truncated, not a model, weights that do not fit the config) is one
+    UsageError naming the model, never a traceback or a silently re-initialised tensor."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own bars only: stderr stays readable (and one line on error)
     path = os.path.expanduser(name)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
-        ckpts = sorted(d for d in os.listdir(path) if d.startswith("checkpoint-"))
+        ckpts = sorted(d for d in os.listdir(path) if re.fullmatch(r"checkpoint-\d+", d))
         if not ckpts:
             raise verify.UsageError(f"model directory {name} has neither config.json nor checkpoint-* folders")
         path = os.path.join(path, ckpts[-1])
     elif not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
         raise verify.UsageError(f"model path does not exist: {name}")
-    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    if dtype not in DTYPES:
+        raise verify.UsageError(f"unknown dtype {dtype!r} (choose from: {', '.join(DTYPES)})")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' load report would add lines before our one-line error
     try:
         tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt).to(device)
-    except (OSError, ValueError) as e:
-        raise verify.UsageError(f"cannot load model {name}: {str(e).strip().splitlines()[0]}") from None
-    model.eval()
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], output_loading_info=True)
+    except Exception as e:  # OSError, SafetensorError, RuntimeError, config validation errors, ...: all bad files
+        why = " ".join(str(e).split())[:300] or type(e).__name__  # one line, however long the original
+        raise verify.UsageError(f"cannot load model {path}: {why}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    broken = sorted(info["missing_keys"]) + sorted(info["unexpected_keys"]) + sorted(map(str, info["mismatched_keys"]))
+    if broken:
+        raise verify.UsageError(f"cannot load model {path}: its weights do not fit its config.json "
+                                f"({len(broken)} tensors missing, extra or misshapen, e.g. {broken[0]})")
+    model.to(device).eval()
     return model, tok
 
 
@@ -256,29 +272,29 @@ class Args:
     task: str = "toy"
     """countdown | gsm8k | math | toy"""
     data: str = ""
-    """local data file for the task (jsonl); required by gsm8k and math"""
+    """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     split: str = "test"
-    """which split of the task to evaluate"""
+    """which split of the task to evaluate; one of {test, train, all}"""
     problems: int = 200
-    """number of problems"""
+    """number of problems; in [1, inf)"""
     n: int = 64
-    """samples per problem"""
+    """samples per problem; in [1, inf)"""
     k: str = ""
     """comma list of k, '...' continues a doubling (1,2,4,...,64); default: powers of two up to n"""
     temperature: float = 1.0
-    """sampling temperature (0: greedy)"""
+    """sampling temperature (0: greedy); in [0, inf)"""
     top_p: float = 1.0
-    """nucleus sampling mass"""
+    """nucleus sampling mass; in (0, 1]"""
     max_new_tokens: int = 16
-    """generation budget per completion"""
+    """generation budget per completion; in [1, inf)"""
     batch_size: int = 256
-    """rows per generation batch"""
+    """rows per generation batch; in [1, inf)"""
     seed: int = 0
-    """sampling seed (the problems come from the task's own seed, 1234)"""
+    """sampling seed (the problems come from the task's own seed, 1234); in [0, inf)"""
     dtype: str = "fp32"
-    """fp32 | bf16 | fp16"""
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    """torch device"""
+    """weights dtype; one of {fp32, bf16, fp16}"""
+    device: str = ""
+    """cpu, cuda, cuda:N ('': cuda when available, else cpu)"""
     out: str = ""
     """write config, per-problem records and the summary to this jsonl"""
     plot: str = "pass_at_k.png"
@@ -385,7 +401,8 @@ def plot_training(paths, path):
     plt.close(fig)
 
 
-def main(args):
+def run(args):
+    """The evaluation command (or --compare / --curves); returns the summary. Bad input raises UsageError."""
     if args.curves:
         path = "curves.png" if args.plot in ("", Args.plot) else args.plot
         plot_training(args.curves, path)
@@ -399,10 +416,17 @@ def main(args):
             plot_curves(runs, args.plot)
             print(f"plot: {args.plot}")
         return runs
+    check_fields(args)
+    device = check_device(args.device)
     task = verify.get_task(args.task, args.data or None)
     ks = parse_ks(args.k, args.n)
     examples = task.examples(args.split, args.problems, seed=1234)
-    model, tok = load_model(args.model, args.dtype, args.device)
+    if not examples:
+        raise verify.UsageError(f"task {args.task} has no problems in split {args.split!r}")
+    for path, flag in ((args.out, "--out"), (args.plot, "--plot")):
+        if path:
+            check_writable(path, flag, directory=False)
+    model, tok = load_model(args.model, args.dtype, device)
     summary, records = evaluate(model, tok, task, examples, n=args.n, ks=ks, temperature=args.temperature,
                                 top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                 seed=args.seed, progress=True)
@@ -427,30 +451,109 @@ def main(args):
     return summary
 
 
-def parse_args(argv=None):
-    """argparse generated from Args (hyphenated flags); a bad flag is one line on stderr and exit 2."""
-    import argparse
+# ---- command line: every script's flags come from its Args dataclass ----------------------------------------------
+# The one-line doc under each field is its --help text. A doc may end in a declarative rule, which --help shows and
+# check_fields enforces before any work starts:  "...; in [1, inf)" (an interval, inf allowed) or
+# "...; one of {a, b, c}". There is no other per-flag check that could drift from the help.
+_RULE = re.compile(r";\s*(?:in ([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])|one of \{([^}]*)\})\s*$")
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(2)
-    p = Parser(description=__doc__.split("\n")[0])
-    for f in dataclasses.fields(Args):
+
+def field_docs(cls) -> dict:
+    """{field name: the docstring under it}, read from the class source (dataclasses keep no field docs)."""
+    import ast
+    import inspect
+    import textwrap
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: b.value.value.strip() for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+            and isinstance(b.value.value, str)}
+
+
+def check_fields(args, prefix="--"):
+    """Raise UsageError (one line) for the first field outside the interval or choices its doc declares."""
+    for name, doc in field_docs(type(args)).items():
+        m, value = _RULE.search(doc), getattr(args, name)
+        if not m:
+            continue
+        flag = prefix + name.replace("_", "-")
+        if m[5] is not None:
+            choices = [c.strip() for c in m[5].split(",")]
+            if str(value) not in choices:
+                raise verify.UsageError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+            continue
+        lo, hi = float(m[2]), float(m[3])
+        ok = (lo <= value if m[1] == "[" else lo < value) and (value <= hi if m[4] == "]" else value < hi)
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise verify.UsageError(f"{flag} must be in {m[1]}{m[2]}, {m[3]}{m[4]}; got {value}")
+
+
+def check_device(device: str) -> str:
+    """The device to use ('' = cuda when available, else cpu); an unknown or absent one is a one-line error."""
+    available = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        available.append("mps")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in available and not (device == "cuda" and len(available) > 1 and available[1] == "cuda:0"):
+        raise verify.UsageError(f"--device {device} is not available here (available: {', '.join(available)})")
+    return device
+
+
+def check_writable(path: str, what: str = "--out", directory: bool = True) -> None:
+    """Fail now, not after minutes of work, when `path` (a run directory, or an output file) could not be written.
+    Creates nothing: it checks the nearest existing ancestor, so that a refused invocation leaves no trace."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full) and os.path.isdir(full) != directory:
+        raise verify.UsageError(f"{what} {path} cannot be written: it exists and is {'not ' * directory}a directory")
+    probe = full if directory and os.path.isdir(full) else os.path.dirname(full)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise verify.UsageError(f"{what} {path} cannot be written: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise verify.UsageError(f"{what} {path} cannot be written: no write permission in {probe}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr and exit 2, instead of argparse's usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_flags(parser, cls, prefix=""):
+    """One --flag per field of the dataclass cls (hyphenated, optionally prefixed), its doc and default as help."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + prefix + f.name.replace("_", "-")
+        kw = {"dest": prefix.replace("-", "_") + f.name, "metavar": f.name.upper()}
         if f.default_factory is not dataclasses.MISSING:  # list fields
-            p.add_argument("--" + f.name.replace("_", "-"), nargs="+", default=[])
+            kw.update(nargs="+", default=f.default_factory(), metavar="FILE")
+        elif f.type is bool or isinstance(f.default, bool):
+            kw.update(action=argparse.BooleanOptionalAction, default=f.default)
+            kw.pop("metavar")
         else:
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
-    return Args(**vars(p.parse_args(argv)))
+            kw.update(type=type(f.default), default=f.default)
+        shown = "''" if kw["default"] == "" else kw["default"]
+        parser.add_argument(flag, help=f"{docs.get(f.name, '')} (default: {shown})".replace("%", "%%"), **kw)
 
 
-def cli(argv=None):
+def parse_flags(cls, argv=None, doc=""):
+    """Args instance from the command line: argparse generated from the dataclass; a bad flag is exit 2."""
+    p = _Parser(description=doc.strip().split("\n")[0])
+    add_flags(p, cls)
+    return cls(**vars(p.parse_args(argv)))
+
+
+def parse_args(argv=None):
+    return parse_flags(Args, argv, __doc__)
+
+
+def main(args):
     try:
-        main(parse_args(argv))
+        return run(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
 
 if __name__ == "__main__":
-    cli()
+    main(parse_args())

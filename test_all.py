@@ -1,6 +1,7 @@
 """The project's tests: verify.py (verifiers, adversarial inputs, MATH-500 and GSM8K round trips, tasks), passk.py
 (Pass@k, diversity, the sampler, the CLI), the embedded model and toy.py, es.py and grpo.py. Run: python -m pytest -q test_all.py"""
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import passk
 import toy
 import verify
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'shared', 'data')
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')  # bundled, see data/README.md
 MATH500 = os.path.join(DATA, 'math500.jsonl')
 GSM8K = os.path.join(DATA, 'gsm8k_test100.jsonl')
 
@@ -329,8 +330,8 @@ def test_toy_distribution_is_pinned():
 def test_usage_errors(tmp_path):
     with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy\\)"):
         verify.get_task('x')
-    with pytest.raises(verify.UsageError, match='task gsm8k needs --data FILE.jsonl'):
-        verify.get_task('gsm8k')
+    assert len(verify.get_task('gsm8k').examples('all', 1000, 0)) == 100  # the bundled files are the defaults
+    assert len(verify.get_task('math').examples('all', 1000, 0)) == 500
     with pytest.raises(verify.UsageError, match='not found'):
         verify.get_task('math', str(tmp_path / 'missing.jsonl'))
     bad = tmp_path / 'bad.jsonl'
@@ -524,7 +525,6 @@ def test_passk_cli_table_plot_and_compare(tmp_path):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--task", "nope"], "unknown task"),
-    (["--task", "gsm8k"], "needs --data"),
     (["--task", "gsm8k", "--data", "/nonexistent/x.jsonl"], "not found"),
     (["--n", "4", "--k", "1,8"], "k <= n"),
     (["--model", "./no/such/model"], "does not exist"),
@@ -660,12 +660,18 @@ def test_es_params_subset_and_model_in_memory(tmp_path):
     assert any(not torch.equal(a[k], base[k]) for k in a if a[k].dim() == 2)
 
 
-def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path):
-    model = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"))
+def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path, monkeypatch):
+    model, tok = passk.load_model(TOY)
+    seen, real_sample = [], passk.sample
+    monkeypatch.setattr(passk, "sample", lambda m, *a, **kw: seen.append(
+        (next(m.parameters()).dtype, m.model.rotary_emb.inv_freq.dtype)) or real_sample(m, *a, **kw))
+    model = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"), model, tok)
     w = weights(tmp_path / "bf16")
     assert all(v.dtype == torch.float32 for v in w.values())
-    assert next(model.parameters()).dtype == torch.bfloat16
-    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # only parameters are cast, as from_pretrained does
+    # members were scored in bf16; only parameters are cast (RoPE's inv_freq stays fp32, as from_pretrained leaves it)
+    assert set(seen) == {(torch.bfloat16, torch.float32)}
+    # the returned model holds the exact fp32 master, what the checkpoint holds
+    assert all(torch.equal(p, w[k]) for k, p in model.state_dict().items() if k in w)
     base = passk.load_model(TOY)[0].state_dict()
     k = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(w[k], base[k]) and not torch.equal(w[k], w[k].to(torch.bfloat16).float())
@@ -853,3 +859,186 @@ def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
         grpo.main(small_grpo(tmp_path, "bad", **kw))
     err = capsys.readouterr().err
     assert e.value.code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+
+
+# =====================================================================================================================
+# Every script's command line: --help shows each flag's doc and default; bad input is one line, exit 2, no trace
+# =====================================================================================================================
+SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_shows_every_flag_with_its_doc_and_default(name, monkeypatch, capsys):
+    module = SCRIPTS[name]
+    monkeypatch.setenv("COLUMNS", "100000")  # no wrapping, so that each doc can be found verbatim
+    with pytest.raises(SystemExit) as e:
+        module.parse_args(["--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    docs = passk.field_docs(module.Args)
+    for f in dataclasses.fields(module.Args):
+        doc = " ".join(docs[f.name].split())
+        assert len(doc) > 10, f.name
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = "''" if default == "" else default
+        assert f"--{f.name.replace('_', '-')}" in text and f"{doc} (default: {shown})" in text, f.name
+
+
+@pytest.fixture(scope="module")
+def broken_files(tmp_path_factory):
+    """A truncated model, a model whose weights do not fit its config, a run with a damaged state.json, and a file
+    where a directory should be."""
+    root = tmp_path_factory.mktemp("broken")
+    import shutil
+    trunc, misfit = root / "truncated-model", root / "misfit-model"
+    shutil.copytree(TOY, trunc)
+    data = (trunc / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(data[:len(data) // 2])
+    shutil.copytree(TOY, misfit)
+    config = json.loads((misfit / "config.json").read_text())
+    (misfit / "config.json").write_text(json.dumps({**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    es.train(small_es(root, "es-run", iterations=1, eval_problems=2))
+    grpo.train(small_grpo(root, "grpo-run", iterations=1, eval_problems=2))
+    for run, damage in (("es-run", "state.json"), ("grpo-run", "optimizer.pt")):
+        path = os.path.join(es.latest_checkpoint(root / run), damage)
+        open(path, "wb").write(open(path, "rb").read()[:20])
+    (root / "a-file").write_text("x")
+    return root
+
+
+BAD = [  # (script, argv, a fragment of the one-line error); {b} is the broken_files folder
+    ("passk", ["--n", "0"], "--n must be in [1, inf)"),
+    ("passk", ["--problems", "0"], "--problems"),
+    ("passk", ["--batch-size", "0"], "--batch-size"),
+    ("passk", ["--top-p", "0"], "--top-p must be in (0, 1]"),
+    ("passk", ["--top-p", "1.5"], "--top-p"),
+    ("passk", ["--temperature", "-1"], "--temperature"),
+    ("passk", ["--temperature", "nan"], "--temperature"),
+    ("passk", ["--max-new-tokens", "0"], "--max-new-tokens"),
+    ("passk", ["--seed", "-1"], "--seed"),
+    ("passk", ["--dtype", "int8"], "--dtype must be one of fp32, bf16, fp16"),
+    ("passk", ["--split", "dev"], "--split"),
+    ("passk", ["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"], "not available"),
+    ("passk", ["--device", "tpu"], "available: cpu"),
+    ("passk", ["--k", "0,1"], "1 <= k <= n"),
+    ("passk", ["--k", "one"], "--k must be"),
+    ("passk", ["--n", "many"], "invalid int"),
+    ("passk", ["--bogus-flag"], "unrecognized"),
+    ("passk", ["--task", "nope"], "unknown task"),
+    ("passk", ["--task", "math", "--data", "{b}/missing.jsonl"], "not found"),
+    ("passk", ["--model", "./no/such/model"], "does not exist"),
+    ("passk", ["--model", "{b}/truncated-model"], "truncated-model"),
+    ("passk", ["--model", "{b}/misfit-model"], "do not fit its config"),
+    ("passk", ["--model", "{b}"], "neither config.json"),
+    ("passk", ["--out", "{b}/a-file/x.jsonl"], "cannot be written"),
+    ("passk", ["--plot", "{b}/a-file/x.png"], "cannot be written"),
+    ("passk", ["--compare", "{b}/missing.jsonl"], "no such file"),
+    ("es", ["--population", "1"], "--population must be in [2, inf)"),
+    ("es", ["--sigma", "0"], "--sigma"),
+    ("es", ["--sigma", "nan"], "--sigma"),
+    ("es", ["--alpha", "-1"], "--alpha"),
+    ("es", ["--eval-problems", "0"], "--eval-problems"),
+    ("es", ["--eval-n", "0"], "--eval-n"),
+    ("es", ["--batch-size", "0"], "--batch-size"),
+    ("es", ["--threads", "-1"], "--threads"),
+    ("es", ["--prompts", "0"], "--prompts"),
+    ("es", ["--samples", "0"], "--samples"),
+    ("es", ["--iterations", "-1"], "--iterations"),
+    ("es", ["--max-new-tokens", "0"], "--max-new-tokens"),
+    ("es", ["--temperature", "-0.5"], "--temperature"),
+    ("es", ["--weight-decay", "-1"], "--weight-decay"),
+    ("es", ["--fitness", "best"], "--fitness must be one of zscore, rank, raw"),
+    ("es", ["--dtype", "int8"], "--dtype"),
+    ("es", ["--device", "tpu"], "not available"),
+    ("es", ["--population", "5", "--antithetic"], "even"),
+    ("es", ["--params", "("], "not a valid regex"),
+    ("es", ["--params", "nothing_matches"], "matches no parameter"),
+    ("es", ["--task", "nope"], "unknown task"),
+    ("es", ["--model", "{b}/truncated-model"], "cannot load model"),
+    ("es", ["--out", "{b}/a-file/run"], "cannot be written"),
+    ("es", ["--resume", "{b}/es-run"], "state.json is damaged"),
+    ("es", ["--resume", "{b}/nothing-here"], "no checkpoint"),
+    ("es", ["--out", "{b}/es-run"], "already holds a run"),
+    ("grpo", ["--temperature", "0"], "GRPO learns nothing"),
+    ("grpo", ["--max-grad-norm", "-1"], "--max-grad-norm"),
+    ("grpo", ["--group", "1"], "--group"),
+    ("grpo", ["--lr", "0"], "--lr"),
+    ("grpo", ["--top-p", "0"], "--top-p"),
+    ("grpo", ["--eps-low", "1"], "--eps-low"),
+    ("grpo", ["--beta", "-0.1"], "--beta"),
+    ("grpo", ["--loss", "ppo"], "--loss"),
+    ("grpo", ["--scale-rewards", "max"], "--scale-rewards"),
+    ("grpo", ["--dtype", "fp16"], "--dtype"),
+    ("grpo", ["--micro-batch", "0"], "--micro-batch"),
+    ("grpo", ["--inner-epochs", "0"], "--inner-epochs"),
+    ("grpo", ["--prompts", "0"], "--prompts"),
+    ("grpo", ["--threads", "-2"], "--threads"),
+    ("grpo", ["--device", "tpu"], "not available"),
+    ("grpo", ["--model", "{b}/misfit-model"], "do not fit"),
+    ("grpo", ["--out", "{b}/a-file"], "cannot be written"),
+    ("grpo", ["--resume", "{b}/grpo-run"], "optimizer.pt is damaged"),
+    ("toy", ["--steps", "0"], "--steps"),
+    ("toy", ["--hidden", "100", "--heads", "3"], "multiple of --heads"),
+    ("toy", ["--p-correct", "1.5"], "--p-correct"),
+    ("toy", ["--p-correct", "0.8", "--p-wrong-number", "0.3"], "at most 1"),
+    ("toy", ["--lr", "0"], "--lr"),
+    ("toy", ["--out", "{b}/a-file"], "cannot be written"),
+]
+
+
+def _tree(root):
+    return {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(root) for f in fs}
+
+
+@pytest.mark.parametrize("script,argv,fragment", BAD, ids=[f"{s}:{' '.join(a)}" for s, a, _ in BAD])
+def test_bad_invocation_is_one_line_exit_2_nothing_written(script, argv, fragment, broken_files, tmp_path,
+                                                             monkeypatch, capsys):
+    """Run in-process (the same code path as the command line, minus the interpreter start): a traceback would be
+    an exception other than SystemExit and fail the test."""
+    module = SCRIPTS[script]
+    monkeypatch.chdir(tmp_path)  # default --out / --plot paths land here, so "nothing written" is checked for them
+    argv = [a.replace("{b}", str(broken_files)) for a in argv]
+    if script in ("es", "grpo"):  # keep runs that would (wrongly) start small and fast
+        argv = ["--eval-problems", "2", "--iterations", "1", "--threads", "1"] + argv
+    before = _tree(broken_files)
+    with pytest.raises(SystemExit) as e:
+        module.main(module.parse_args(argv))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+    assert os.listdir(tmp_path) == [] and _tree(broken_files) == before
+
+
+def test_bad_invocations_from_the_shell_are_one_line():
+    """The real entry points (a fresh interpreter): exit 2 and one line, no traceback."""
+    for script, argv in (("es.py", ["--sigma", "-1"]), ("grpo.py", ["--temperature", "0"]),
+                         ("passk.py", ["--top-p", "2"]), ("toy.py", ["--steps", "0"])):
+        r = run_cli(script, *argv)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("module", [es, grpo], ids=["es", "grpo"])
+def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path, monkeypatch, capsys):
+    """The disk fills up while checkpoint 2 is being written: exit 1 with one line, checkpoint 1 intact, no temp
+    folder left; --resume then ends with the weights of an uninterrupted run."""
+    import errno
+    small = small_es if module is es else small_grpo
+    module.train(small(tmp_path, "full", iterations=3, save_every=1))
+    real_dump = json.dump
+
+    def full_disk(obj, f, **kw):
+        if isinstance(obj, dict) and obj.get("iteration") == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_dump(obj, f, **kw)
+    monkeypatch.setattr(json, "dump", full_disk)
+    with pytest.raises(SystemExit) as e:
+        module.main(small(tmp_path, "cut", iterations=3, save_every=1))
+    err = capsys.readouterr().err.strip()  # progress bars above, then the one error line
+    assert e.value.code == 1 and "Traceback" not in err and err.splitlines()[-1].startswith("error: cannot write")
+    assert "No space left on device" in err.splitlines()[-1] and "--resume" in err.splitlines()[-1], err
+    assert module.latest_checkpoint(tmp_path / "cut").endswith("checkpoint-000001")
+    assert not [d for d in os.listdir(tmp_path / "cut") if d.startswith(".tmp")]
+    monkeypatch.setattr(json, "dump", real_dump)
+    module.train(small(tmp_path, "x", iterations=3, resume=str(tmp_path / "cut")))
+    a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)

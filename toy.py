@@ -15,13 +15,18 @@ This script stands alone (it does not import verify.py): it knows which expressi
 them. It reproduces verify.py's `toy` problem distribution and train/test split exactly (test_all.py checks that),
 and pretrains on train-split problems only, so held-out evaluation is on problems the model never saw.
 """
+import ast
 import dataclasses
 import hashlib
+import inspect
 import itertools
 import json
 import math
 import os
 import random
+import re
+import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -33,29 +38,29 @@ class Args:
     out: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
     """where to write the model and tokenizer (save_pretrained format)"""
     seed: int = 0
-    """seeds the corpus and the initialisation: the same seed rebuilds the same model"""
+    """seeds the corpus and the initialisation: the same seed rebuilds the same model; in [0, inf)"""
     hidden: int = 128
-    """hidden size of the Qwen2 model"""
+    """hidden size of the Qwen2 model (a multiple of --heads); in [1, inf)"""
     layers: int = 4
-    """number of transformer layers"""
+    """number of transformer layers; in [1, inf)"""
     heads: int = 4
-    """attention heads (key/value heads too)"""
+    """attention heads (key/value heads too); in [1, inf)"""
     intermediate: int = 384
-    """MLP width"""
+    """MLP width; in [1, inf)"""
     steps: int = 1500
-    """optimizer steps of pretraining"""
+    """optimizer steps of pretraining; in [1, inf)"""
     batch: int = 256
-    """sequences per step"""
+    """sequences per step; in [1, inf)"""
     lr: float = 3e-3
-    """peak AdamW learning rate (linear warm-up, cosine decay)"""
+    """peak AdamW learning rate (linear warm-up, cosine decay); in (0, inf)"""
     p_correct: float = 0.3
-    """fraction of training completions that are correct (the rest: random guesses, some with a wrong number)"""
+    """fraction of training completions that are correct (the rest: random guesses, a few wrong numbers); in [0, 1]"""
     p_wrong_number: float = 0.1
-    """fraction of training completions that use a number not in the problem"""
+    """fraction of training completions that use a number not in the problem; in [0, 1]"""
     eval_problems: int = 200
-    """held-out problems for the closing Pass@1 / Pass@16 check (0 to skip)"""
+    """held-out problems for the closing Pass@1 / Pass@16 check (0 to skip); in [0, inf)"""
     threads: int = 0
-    """torch CPU threads (0: torch's default)"""
+    """torch CPU threads (0: torch's default); in [0, inf)"""
 
 
 # ---- the toy task (must match verify.py: `toy` task, toy_split) -------------------------------------------------
@@ -179,6 +184,7 @@ def quick_eval(model, tok, args, k=16):
 
 
 def main(args):
+    check_args(args)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -231,11 +237,51 @@ def main(args):
     return model, tok
 
 
+# ---- command line (a copy of passk.py's generator, kept here so that this script stands alone) ------------------
+_RULE = re.compile(r";\s*in ([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])\s*$")
+
+
+def field_docs(cls) -> dict:
+    """{field name: the docstring under it}, read from the class source: the --help text of each flag."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: b.value.value.strip() for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def fail(message):
+    """Bad input: one line on stderr, exit 2, nothing written."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    """Each flag against the interval its doc ends with ("; in [1, inf)"), then the cross-flag rules and --out."""
+    for name, doc in field_docs(Args).items():
+        m, v = _RULE.search(doc), getattr(args, name)
+        if m and not ((float(m[2]) <= v if m[1] == "[" else float(m[2]) < v) and
+                      (v <= float(m[3]) if m[4] == "]" else v < float(m[3]))):
+            fail(f"--{name.replace('_', '-')} must be in {m[1]}{m[2]}, {m[3]}{m[4]}; got {v}")
+    if args.hidden % args.heads:
+        fail(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
+    if args.p_correct + args.p_wrong_number > 1:
+        fail("--p-correct + --p-wrong-number must be at most 1")
+    parent = os.path.dirname(os.path.abspath(args.out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK) or os.path.isfile(args.out):
+        fail(f"--out {args.out} cannot be written ({parent} is not a writable directory, or --out is a file)")
+
+
 def parse_args(argv=None):
     import argparse
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            fail(message)
+    p, docs = Parser(description=__doc__.split("\n")[0]), field_docs(Args)
     for f in dataclasses.fields(Args):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, metavar=f.name.upper(),
+                       help=f"{docs[f.name]} (default: {f.default})".replace("%", "%%"))
     return Args(**vars(p.parse_args(argv)))
 
 

@@ -32,6 +32,7 @@ MAX_LATEX_DEPTH = 50       # LaTeX parser: each level costs several Python frame
 MAX_DIGITS = 30            # digits in one Countdown literal
 MAX_MAGNITUDE = 10 ** 60   # cap on numerator and denominator of any Countdown intermediate value
 TOLERANCE = Fraction(1, 10 ** 5)
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')  # the bundled real problems
 
 
 class UsageError(Exception):
@@ -608,9 +609,11 @@ class Task:
     File-backed tasks split rows by their 'split' field when present, else by a stable hash (about 20% test)."""
     name = ''
     needs_data = False
-    format_bonus = 0.0  # reward of a well-formatted but wrong answer
+    default_data = None  # the bundled file a file-backed task reads when no --data is given
+    format_bonus = 0.0   # reward of a well-formatted but wrong answer
 
     def __init__(self, data: str | None = None):
+        data = data or self.default_data
         if self.needs_data and not data:
             raise UsageError(f'task {self.name} needs --data FILE.jsonl')
         self.pool = None
@@ -730,6 +733,7 @@ _BOXED_INSTRUCTION = '\nPlease reason step by step, and put your final answer wi
 
 class Gsm8kTask(Task):
     name, needs_data = 'gsm8k', True
+    default_data = os.path.join(DATA_DIR, 'gsm8k_test100.jsonl')
 
     def from_row(self, row, where):
         question, solution = _field(row, where, 'question'), _field(row, where, 'answer')
@@ -756,6 +760,7 @@ class Gsm8kTask(Task):
 
 class MathTask(Task):
     name, needs_data = 'math', True
+    default_data = os.path.join(DATA_DIR, 'math500.jsonl')
 
     def from_row(self, row, where):
         return {**row, 'problem': _field(row, where, 'problem'), 'answer': str(_field(row, where, 'answer'))}
