@@ -64,6 +64,10 @@ class Args:
     """training pool the prompts are drawn from each iteration (the paper: 200 fixed prompts); in [1, inf)"""
     fitness: str = "zscore"
     """fitness shaping: z-score, centered ranks (ties averaged) or raw r - mean; one of {zscore, rank, raw}"""
+    noise: str = "full"
+    """full-rank eps, members one by one; lowrank: EGGROLL rank-R noise, members in one batch; one of {full, lowrank}"""
+    rank: int = 1
+    """R, rank of a member's perturbation of each weight matrix with --noise lowrank (EGGROLL: 1 works); in [1, inf)"""
     antithetic: bool = False
     """mirrored pairs eps, -eps (needs an even population)"""
     params: str = "all"
@@ -146,25 +150,152 @@ def restore(params, master):
             p.copy_(master[name])
 
 
+# ---- 2'. low-rank noise (EGGROLL, arXiv 2511.16652): perturbations applied per row inside the forward pass --------
+def lowrank_factors(seed, t, k, name, like: torch.Tensor, rank: int):
+    """(A [out, R], B [in, R]) of noise index k for the matrix `name`: its perturbation is A B^T / sqrt(R), whose
+    entries are N(0, 1) like eps's. One stream per (seed, t, k, name), as for full-rank noise."""
+    g = torch.Generator(like.device).manual_seed(stream_seed(seed, t, k, name, "lowrank"))
+    ab = torch.randn(like.shape[0] + like.shape[1], rank, generator=g, device=like.device, dtype=torch.float32)
+    return ab[:like.shape[0]], ab[like.shape[0]:]
+
+
+def lowrank_noise(seed, t, k, name, like, rank):
+    """The full [out, in] perturbation direction A B^T / sqrt(R) of a matrix (for tests and the dense check)."""
+    a, b = lowrank_factors(seed, t, k, name, like, rank)
+    return a @ b.T / math.sqrt(rank)
+
+
+class MemberRows:
+    """Member n's perturbation applied to the rows of one batched generation that belong to member n.
+
+    Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
+    sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
+    output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
+    affine in its weight). The shared x W^T is computed once for all rows; the per-row terms are two thin matmuls
+    against all members' factors side by side ([in, M*R] and [M*R, out]) with a one-hot row mask between them, so
+    nothing of size rows x out x R is gathered. Working weights stay equal to the master throughout.
+    """
+
+    def __init__(self, model, params, master, members, args, t):
+        self.sigma, self.rank, self.M, self.row_mask, self.hooks = args.sigma, args.rank, len(members), None, []
+        name_of = {id(p): name for name, p in params.items()}
+        dtype = next(model.parameters()).dtype
+        self.factors, self.vectors = {}, {}  # name -> (A_all [out, M*R], B_all [in, M*R]) / eps_all [M, dim]
+        for name in params:
+            signs = [member_noise(n, args.antithetic) for n in members]
+            if master[name].dim() == 2:
+                ab = [lowrank_factors(args.seed, t, k, name, master[name], args.rank) for k, _ in signs]
+                self.factors[name] = (torch.cat([a * sign for (a, _), (_, sign) in zip(ab, signs)], 1).to(dtype),
+                                      torch.cat([b for _, b in ab], 1).to(dtype))
+            else:
+                self.vectors[name] = torch.stack([noise(args.seed, t, k, name, master[name]) * sign
+                                                  for k, sign in signs]).to(dtype)
+        for mod_name, module in model.named_modules():
+            mine = {pn: name_of[id(p)] for pn, p in module.named_parameters(recurse=False) if id(p) in name_of}
+            if not mine:
+                continue
+            if isinstance(module, torch.nn.Linear):
+                hook = self._linear
+            elif isinstance(module, torch.nn.Embedding):
+                hook = self._embedding
+            elif all(p.dim() == 1 for p in module.parameters(recurse=False)):
+                hook = self._norm
+            else:
+                raise verify.UsageError(f"--noise lowrank cannot perturb {mod_name} ({type(module).__name__}) per row; "
+                                        f"use --noise full or leave it out with --params")
+            self.hooks.append(module.register_forward_hook(
+                lambda mod, inp, out, hook=hook, mine=mine: hook(mod, inp[0], out, mine)))
+        self._inside_norm = False
+
+    def set_rows(self, member_index: torch.Tensor):
+        """member_index [B]: the position in `members` of each row of the batch about to run (passk.sample's
+        on_batch, mapped from prompt index to member)."""
+        self.member = member_index
+        mask = torch.zeros(len(member_index), self.M, dtype=next(iter(self.factors.values()))[0].dtype
+                           if self.factors else torch.float32, device=member_index.device)
+        mask[torch.arange(len(member_index), device=mask.device), member_index] = 1.0
+        self.row_mask = mask.repeat_interleave(self.rank, 1).unsqueeze(1)  # [B, 1, M*R]
+
+    def _lowrank(self, x, a_all, b_all):  # x [B, T, in] -> [B, T, out]
+        return ((x @ b_all) * self.row_mask) @ a_all.T * (self.sigma / math.sqrt(self.rank))
+
+    def _linear(self, module, x, out, mine):
+        if "weight" in mine:
+            a_all, b_all = self.factors[mine["weight"]]
+            out = out + self._lowrank(x, a_all, b_all)
+        if "bias" in mine:
+            out = out + self.sigma * self.vectors[mine["bias"]][self.member].unsqueeze(1)
+        return out
+
+    def _embedding(self, module, ids, out, mine):
+        a_all, b_all = self.factors[mine["weight"]]  # weight [V, H]: A rows are indexed by token, B spans H
+        a = a_all.view(a_all.shape[0], self.M, self.rank)[ids, self.member.unsqueeze(1)]  # [B, T, R]
+        b = b_all.view(b_all.shape[0], self.M, self.rank).permute(1, 2, 0)[self.member]   # [B, R, H]
+        return out + a @ b * (self.sigma / math.sqrt(self.rank))
+
+    def _norm(self, module, x, out, mine):
+        if self._inside_norm:  # the two probing calls below run this module again
+            return out
+        self._inside_norm = True
+        try:
+            for pn, name in mine.items():
+                p = getattr(module, pn)
+                one, zero = {pn: torch.ones_like(p)}, {pn: torch.zeros_like(p)}
+                direction = (torch.func.functional_call(module, one, (x,)) -
+                             torch.func.functional_call(module, zero, (x,)))  # d out / d w along ones
+                out = out + self.sigma * self.vectors[name][self.member].unsqueeze(1) * direction
+        finally:
+            self._inside_norm = False
+        return out
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
 # ---- 3. score members ---------------------------------------------------------------------------------------------
+def member_scores(task, examples, texts, tokens, S):
+    """One member's completions (prompt-major, S per prompt) -> reward, its parts, answers and solved per prompt."""
+    parts = [task.parts(c, examples[r // S]) for r, c in enumerate(texts)]
+    rewards = [task.reward(c, examples[r // S]) for r, c in enumerate(texts)]
+    return {"reward": float(np.mean(rewards)), "format": float(np.mean([p["format"] for p in parts])),
+            "answer": float(np.mean([p["answer"] for p in parts])), "tokens": tokens,
+            "answers": [[task.answer(c, examples[i]) for c in texts[i * S:(i + 1) * S]] for i in range(len(examples))],
+            "solved": [any(p["answer"] >= 1 for p in parts[i * S:(i + 1) * S]) for i in range(len(examples))]}
+
+
 def score_members(model, tok, task, examples, members, master, params, args, t, timing):
-    """Members in, rewards out: {n: dict(reward, format, answer, answers=[per prompt: [answer, ...]], solved=[...])}."""
+    """Members in, rewards out: {n: dict(reward, format, answer, answers=[per prompt: [answer, ...]], solved=[...])}.
+
+    Full-rank noise: one member after another (perturb, generate, restore). Low-rank noise: every member of this
+    rank in one batched generation, rows n*P .. n*P+P-1 belonging to member n. Either way every member sees the same
+    sampling uniforms for prompt i (common random numbers)."""
     prompts = [task.prompt(ex, tok) for ex in examples]
-    S = args.samples if args.temperature > 0 else 1
+    P, S = len(prompts), (args.samples if args.temperature > 0 else 1)
+    kw = dict(n=S, temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+              seed=stream_seed(args.seed, "score", t), entropy=False)
     out = {}
+    if args.noise == "lowrank":
+        t0 = time.time()
+        rows = MemberRows(model, params, master, members, args, t)
+        t1 = time.time()
+        try:
+            s = passk.sample(model, tok, prompts * len(members), keys=list(range(P)) * len(members),
+                             on_batch=lambda prompt_index: rows.set_rows(prompt_index // P), **kw)
+        finally:
+            rows.close()
+        timing["perturb"] += t1 - t0
+        timing["generate"] += time.time() - t1
+        for m, n in enumerate(members):
+            ids = s.completion_ids[m * P * S:(m + 1) * P * S]
+            out[n] = member_scores(task, examples, s.texts[m * P * S:(m + 1) * P * S], sum(map(len, ids)), S)
+        return out
     for n in members:
         t0 = time.time()
         perturb(params, master, args.seed, t, n, args.sigma, args.antithetic)
         t1 = time.time()
-        s = passk.sample(model, tok, prompts, n=S, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size, seed=stream_seed(args.seed, "score", t))  # same seed: CRN
-        parts = [task.parts(c, examples[r // S]) for r, c in enumerate(s.texts)]
-        rewards = [task.reward(c, examples[r // S]) for r, c in enumerate(s.texts)]
-        out[n] = {"reward": float(np.mean(rewards)), "format": float(np.mean([p["format"] for p in parts])),
-                  "answer": float(np.mean([p["answer"] for p in parts])), "tokens": s.tokens,
-                  "answers": [[task.answer(c, examples[i]) for c in s.texts[i * S:(i + 1) * S]]
-                              for i in range(len(examples))],
-                  "solved": [any(p["answer"] >= 1 for p in parts[i * S:(i + 1) * S]) for i in range(len(examples))]}
+        s = passk.sample(model, tok, prompts, **kw)
+        out[n] = member_scores(task, examples, s.texts, s.tokens, S)
         timing["perturb"] += t1 - t0
         timing["generate"] += time.time() - t1
     t0 = time.time()
@@ -195,18 +326,25 @@ def shape_fitness(rewards, kind="zscore"):
 
 # ---- 5. update ----------------------------------------------------------------------------------------------------
 def es_update(master, fitness, args, t, init=None):
-    """master += alpha * mean_n(f_n * eps_n) (+ decays), regenerating eps tensor by tensor. Returns the step's L2 norm."""
+    """master += alpha * mean_n(f_n * eps_n) (+ decays), regenerating eps tensor by tensor (with --noise lowrank a
+    matrix's eps_n is A_n B_n^T / sqrt(R)). Returns the step's L2 norm."""
     N, sq = len(fitness), 0.0
     coef = {}  # noise index -> sum of sign * f over the members that use it (an antithetic pair is one draw)
     for n, f in enumerate(fitness):
         k, sign = member_noise(n, args.antithetic)
         coef[k] = coef.get(k, 0.0) + sign * float(f)
+    used = [k for k, c in coef.items() if c != 0.0]
     with torch.no_grad():
         for name, w in master.items():
-            step = torch.zeros_like(w)
-            for k, c in coef.items():
-                if c != 0.0:
-                    step.add_(noise(args.seed, t, k, name, w), alpha=c)
+            if args.noise == "lowrank" and w.dim() == 2 and used:  # sum_k c_k A_k B_k^T as one [out, K*R] matmul
+                ab = [lowrank_factors(args.seed, t, k, name, w, args.rank) for k in used]
+                c = torch.tensor([coef[k] for k in used], dtype=w.dtype, device=w.device).repeat_interleave(args.rank)
+                step = (torch.cat([a for a, _ in ab], 1) * c) @ torch.cat([b for _, b in ab], 1).T
+                step.mul_(1 / math.sqrt(args.rank))
+            else:
+                step = torch.zeros_like(w)
+                for k in used:
+                    step.add_(noise(args.seed, t, k, name, w), alpha=coef[k])
             step.mul_(args.alpha / N)
             if args.weight_decay:
                 step.sub_(w, alpha=args.alpha * args.weight_decay)
@@ -335,7 +473,7 @@ def setup_distributed(args):
 # ---- the loop -----------------------------------------------------------------------------------------------------
 def train(args, model=None, tokenizer=None):
     """Run ES; returns the trained model holding the fp32 master weights. model/tokenizer: already loaded."""
-    start_it, state = 0, {}
+    start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
         if ckpt is None:
@@ -363,6 +501,8 @@ def train(args, model=None, tokenizer=None):
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
     init = {k: p.detach().float().clone() for k, p in base.named_parameters()}
     del base
+    if {k: v.shape for k, v in init.items()} != {k: v.shape for k, v in master.items()}:
+        raise verify.UsageError(f"--resume: checkpoint {ckpt} does not fit the architecture of --model {args.model}")
     cast_params(model, passk.DTYPES[args.dtype])
     model.eval()
     params = select_params(model, args.params)
@@ -416,7 +556,8 @@ def train(args, model=None, tokenizer=None):
         table = table.cpu()
         rewards = table[:, 0].numpy()
         if not np.isfinite(rewards).all():
-            raise RunError(f"non-finite reward at iteration {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+            raise RunError(f"non-finite reward at iteration {t + 1}; last good checkpoint: "
+                           f"{latest_checkpoint(args.out)}")
         # 4. fitness shaping; 5. the update, identical on every rank
         fitness = shape_fitness(rewards, args.fitness)
         t1 = time.time()
@@ -442,7 +583,8 @@ def train(args, model=None, tokenizer=None):
                    "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
                    "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
             log_line(log_path, rec)
-            bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}", cov=f"{rec['coverage']:.2f}")
+            bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}",
+                            cov=f"{rec['coverage']:.2f}")
             tqdm.write(f"it {t + 1:4d}  reward {rec['reward']:.3f}±{rec['reward_std']:.3f}  answer {rec['answer']:.3f}"
                        f"  js {rec['js_diversity']:.3f}  cov {rec['coverage']:.2f}  |step| {update_norm:.3g}"
                        f"  drift {rec['drift']:.3g}  {rec['evals_per_s']:.1f} evals/s", file=sys.stderr)

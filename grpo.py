@@ -217,8 +217,8 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
 def check_args(args, world=1):
     """Every flag against the range or choices in its doc (passk.check_fields), then what no single flag shows."""
     if args.temperature <= 0:  # checked first for its reason; the range in the doc says the same
-        raise verify.UsageError(f"--temperature must be > 0: at {args.temperature} (greedy) every completion of a group "
-                                f"is the same, every advantage is 0 and GRPO learns nothing")
+        raise verify.UsageError(f"--temperature must be > 0: at {args.temperature} (greedy) every completion of a "
+                                f"group is the same, every advantage is 0 and GRPO learns nothing")
     passk.check_fields(args)
     per_step = min(args.prompts, args.train_problems)
     if per_step < 1 or per_step % world:

@@ -163,11 +163,15 @@ def _pick(logits, u, temperature, top_p):
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, batch_size=64, seed=0,
-           keys=None, progress=False) -> Samples:
+           keys=None, progress=False, entropy=True, on_batch=None) -> Samples:
     """Generate n completions for each prompt (left padding, attention mask, KV cache, stop at EOS).
 
     keys[i] (default i) names prompt i's random stream: sample j of prompt i uses the uniforms of (seed, keys[i], j),
     so a caller that shards prompts across ranks passes their global indices and gets the unsharded samples.
+    Rows that finish leave the batch (with their KV cache rows), so no compute is spent on them; a batch has one
+    prefill. entropy=False skips the per-step entropy (ES scoring does not need it). on_batch(prompt_index [B]) is
+    called before the batch's first forward and whenever rows leave it, with the prompt index of every live row:
+    low-rank ES uses it to give each row its own population member's perturbation.
     """
     keys = list(range(len(prompts))) if keys is None else list(keys)
     if max_new_tokens < 1:
@@ -179,7 +183,10 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
     eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     bos = tokenizer.bos_token
-    enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
+    unique = {p: None for p in prompts}  # ES scores the same prompts for many members: encode each text once
+    for p in unique:
+        unique[p] = tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"]
+    enc = [unique[p] for p in prompts]
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
     out_ids, ent = [None] * len(rows), [0.0] * len(rows)
     chunks = range(0, len(rows), batch_size)
@@ -188,38 +195,49 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
         chunks = tqdm(chunks, desc="sampling", unit="batch", file=sys.stderr)
     for start in chunks:
         block = rows[start:start + batch_size]
-        B, L = len(block), max(len(enc[i]) for i, _ in block)
+        B, L, T = len(block), max(len(enc[i]) for i, _ in block), max_new_tokens
         ids = torch.full((B, L), pad, dtype=torch.long)
         mask = torch.zeros((B, L), dtype=torch.long)
         for b, (i, _) in enumerate(block):  # left padding: every prompt ends at column L-1
             ids[b, L - len(enc[i]):] = torch.tensor(enc[i])
             mask[b, L - len(enc[i]):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        u = torch.stack([_row_uniforms(seed, keys[i], j, max_new_tokens) for i, j in block]).to(device)  # [B, T]
+        u = torch.stack([_row_uniforms(seed, keys[i], j, T) for i, j in block]).to(device)  # [B, T]
+        prompt_of = torch.tensor([i for i, _ in block], device=device)  # [B] prompt index of each row
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions count real tokens only
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        gen = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=device)
+        live = torch.arange(B, device=device)  # block row of each batch row still generating, [B_live]
+        gen = torch.full((B, T), pad, dtype=torch.long, device=device)
+        length = torch.full((B,), T, dtype=torch.long, device=device)  # tokens generated, EOS included
         ent_sum = torch.zeros(B, dtype=torch.float64, device=device)
         cache, step_ids = None, ids
-        for t in range(max_new_tokens):
+        if on_batch is not None:
+            on_batch(prompt_of)
+        for t in range(T):
             out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                         use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]  # logits [B, V]
+            cache, logits = out.past_key_values, out.logits[:, -1]  # logits [B_live, V]
             tok = _pick(logits, u[:, t], temperature, top_p)
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            ent_sum += torch.where(done, 0.0, token_entropy(logits, temperature).double())
-            gen[:, t] = tok
-            done |= torch.isin(tok, eos_t)
-            if bool(done.all()):
+            gen[live, t] = tok
+            if entropy:
+                ent_sum[live] += token_entropy(logits, temperature).double()
+            finished = torch.isin(tok, eos_t)
+            if t + 1 == T:
                 break
+            if bool(finished.any()):  # drop finished rows from everything the next step reads
+                length[live[finished]] = t + 1
+                keep = (~finished).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                live, tok, mask, pos, u = live[keep], tok[keep], mask[keep], pos[keep], u[keep]
+                cache.batch_select_indices(keep)
+                if on_batch is not None:
+                    on_batch(prompt_of[live])
             step_ids = tok.unsqueeze(-1)
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=1)
             pos = pos[:, -1:] + 1
-        gen, ent_sum = gen.cpu().tolist(), ent_sum.cpu().tolist()
+        gen, length, ent_sum = gen.cpu().tolist(), length.cpu().tolist(), ent_sum.cpu().tolist()
         for b in range(B):
-            row = gen[b]
-            length = next((i + 1 for i, x in enumerate(row[:t + 1]) if x in eos_ids), t + 1)
-            out_ids[start + b], ent[start + b] = row[:length], ent_sum[b]
+            out_ids[start + b], ent[start + b] = gen[b][:length[b]], ent_sum[b]
     texts = tokenizer.batch_decode([[x for x in c if x not in eos_ids] for c in out_ids], skip_special_tokens=True)
     return Samples(texts, [enc[i] for i, _ in rows], out_ids, ent, sum(len(c) for c in out_ids))
 
@@ -464,7 +482,7 @@ def field_docs(cls) -> dict:
     import inspect
     import textwrap
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {a.target.id: b.value.value.strip() for a, b in zip(body, body[1:])
+    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
             if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
             and isinstance(b.value.value, str)}
 

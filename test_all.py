@@ -439,6 +439,89 @@ def test_embedded_model_loads_like_a_hub_model():
     assert tok.eos_token_id is not None and tok.pad_token_id is not None
 
 
+@torch.no_grad()
+def reference_sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=16, batch_size=64, seed=0,
+           keys=None, progress=False) -> passk.Samples:
+    """passk.sample as it was before rows left the batch when they finished (frozen here as the reference)."""
+    keys = list(range(len(prompts))) if keys is None else list(keys)
+    if max_new_tokens < 1:
+        raise verify.UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = next(model.parameters()).device
+    # stop on the tokenizer's EOS and on every EOS the model's generation config lists (Qwen2.5-Instruct has two)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos_ids = sorted({tokenizer.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
+    eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+    bos = tokenizer.bos_token
+    enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
+    rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+    out_ids, ent = [None] * len(rows), [0.0] * len(rows)
+    chunks = range(0, len(rows), batch_size)
+    for start in chunks:
+        block = rows[start:start + batch_size]
+        B, L = len(block), max(len(enc[i]) for i, _ in block)
+        ids = torch.full((B, L), pad, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, (i, _) in enumerate(block):  # left padding: every prompt ends at column L-1
+            ids[b, L - len(enc[i]):] = torch.tensor(enc[i])
+            mask[b, L - len(enc[i]):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        u = torch.stack([passk._row_uniforms(seed, keys[i], j, max_new_tokens) for i, j in block]).to(device)  # [B, T]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # positions count real tokens only
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        gen = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=device)
+        ent_sum = torch.zeros(B, dtype=torch.float64, device=device)
+        cache, step_ids = None, ids
+        for t in range(max_new_tokens):
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1]  # logits [B, V]
+            tok = passk._pick(logits, u[:, t], temperature, top_p)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            ent_sum += torch.where(done, 0.0, passk.token_entropy(logits, temperature).double())
+            gen[:, t] = tok
+            done |= torch.isin(tok, eos_t)
+            if bool(done.all()):
+                break
+            step_ids = tok.unsqueeze(-1)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            pos = pos[:, -1:] + 1
+        gen, ent_sum = gen.cpu().tolist(), ent_sum.cpu().tolist()
+        for b in range(B):
+            row = gen[b]
+            length = next((i + 1 for i, x in enumerate(row[:t + 1]) if x in eos_ids), t + 1)
+            out_ids[start + b], ent[start + b] = row[:length], ent_sum[b]
+    texts = tokenizer.batch_decode([[x for x in c if x not in eos_ids] for c in out_ids], skip_special_tokens=True)
+    return passk.Samples(texts, [enc[i] for i, _ in rows], out_ids, ent, sum(len(c) for c in out_ids))
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)])
+def test_sampler_that_drops_finished_rows_equals_the_reference(toy_model, temperature, top_p):
+    """Rows that finish leave the batch and its KV cache: the completions are exactly those of the sampler that kept
+    every row to the end (the implementation before this change), for greedy and sampled decoding."""
+    model, tok = toy_model
+    task = verify.get_task("toy")
+    prompts = [task.prompt(ex) for ex in task.examples("test", 40, seed=9)] + ["1 2:3="]  # uneven prompt lengths
+    for n, batch_size, T in ((1, 64, 16), (3, 7, 12)):
+        kw = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=T, batch_size=batch_size, seed=5)
+        new, old = passk.sample(model, tok, prompts, **kw), reference_sample(model, tok, prompts, **kw)
+        assert new.completion_ids == old.completion_ids and new.texts == old.texts and new.tokens == old.tokens
+        assert new.entropy_sum == pytest.approx(old.entropy_sum, rel=1e-5)  # logits round with the batch shape
+        lengths = {len(c) for c in new.completion_ids}
+        assert len(lengths) >= 2  # rows really did finish at different steps
+
+
+def test_sampler_reports_live_rows_to_on_batch(toy_model):
+    model, tok = toy_model
+    prompts = [verify.get_task("toy").prompt(ex) for ex in verify.get_task("toy").examples("test", 10, seed=2)]
+    seen = []
+    s = passk.sample(model, tok, prompts, n=2, temperature=1.0, max_new_tokens=12, batch_size=8, seed=1,
+                     on_batch=lambda idx: seen.append(idx.tolist()))
+    assert seen[0] == [0, 0, 1, 1, 2, 2, 3, 3] and [4, 4, 5, 5, 6, 6, 7, 7] in seen  # each batch's first call
+    assert all(len(a) >= len(b) for a, b in zip(seen, seen[1:]) if len(b) < 8)  # rows only leave within a batch
+    assert len(seen) > 3 and s.tokens == sum(map(len, s.completion_ids))
+
+
 def test_batched_greedy_equals_one_by_one(toy_model):
     model, tok = toy_model
     task = verify.get_task("toy")
@@ -692,6 +775,72 @@ def test_es_world_size_2_equals_world_size_1(tmp_path):
     l2 = [json.loads(x) for x in open(tmp_path / "w2" / "log.jsonl")][1:]
     assert [x.get("reward") for x in l1 if x["type"] == "train"] == [x.get("reward") for x in l2 if x["type"] == "train"]
     assert [x["pass@1"] for x in l1 if x["type"] == "eval"] == pytest.approx([x["pass@1"] for x in l2 if x["type"] == "eval"])
+
+
+@pytest.mark.parametrize("temperature,samples", [(0.0, 1), (1.0, 2)])
+def test_lowrank_member_in_the_batch_equals_the_member_alone(toy_model, temperature, samples):
+    """EGGROLL's claim, exactly: member n's rows inside one batched generation of the whole population produce the
+    completions of member n scored alone with its perturbation written into the weights."""
+    model, tok = toy_model
+    model = copy.deepcopy(model)
+    task = verify.get_task("toy")
+    prompts = [task.prompt(ex) for ex in task.examples("train", 24, seed=3)]
+    args = es.Args(noise="lowrank", rank=2, sigma=0.05, seed=4, antithetic=True, population=6)
+    master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    params, members, P = dict(model.named_parameters()), [1, 2, 4, 5], len(prompts)
+    kw = dict(n=samples, temperature=temperature, max_new_tokens=12, batch_size=40, seed=7)
+    rows = es.MemberRows(model, params, master, members, args, t=3)
+    batched = passk.sample(model, tok, prompts * len(members), keys=list(range(P)) * len(members),
+                           on_batch=lambda idx: rows.set_rows(idx // P), **kw)
+    rows.close()
+    alone_texts = []
+    for m, n in enumerate(members):
+        k, sign = es.member_noise(n, True)
+        with torch.no_grad():
+            for name, p in params.items():
+                d = es.lowrank_noise(4, 3, k, name, master[name], 2) if p.dim() == 2 else es.noise(4, 3, k, name, p)
+                p.copy_(master[name] + args.sigma * sign * d)
+        alone = passk.sample(model, tok, prompts, **kw)
+        es.restore(params, master)
+        assert batched.completion_ids[m * P * samples:(m + 1) * P * samples] == alone.completion_ids, n
+        alone_texts.append(alone.texts)
+    assert alone_texts[0] != alone_texts[1] and alone_texts[0] != alone_texts[2]  # members really differ
+    assert passk.sample(model, tok, prompts, **kw).texts != alone_texts[0]  # and differ from the unperturbed model
+
+
+def test_lowrank_update_equals_brute_force():
+    master = {"w": torch.randn(5, 7), "b": torch.randn(7)}
+    args = es.Args(population=4, alpha=0.3, seed=2, noise="lowrank", rank=3)
+    fitness = np.array([0.5, -1.0, 2.0, 0.0])
+    m = {k: v.clone() for k, v in master.items()}
+    es.es_update(m, fitness, args, t=1)
+    for k, w in master.items():
+        d = [es.lowrank_noise(2, 1, n, k, w, 3) if w.dim() == 2 else es.noise(2, 1, n, k, w) for n in range(4)]
+        assert torch.allclose(m[k], w + 0.3 * sum(f * e for f, e in zip(fitness, d)) / 4, atol=1e-6)
+    a, b = es.lowrank_factors(2, 1, 0, "w", master["w"], 3)
+    assert a.shape == (5, 3) and b.shape == (7, 3)
+    big = es.lowrank_noise(0, 0, 0, "x", torch.zeros(300, 400), 4)
+    assert abs(float(big.std()) - 1.0) < 0.15  # A B^T / sqrt(R) has unit-variance entries, like eps (3 sd)
+
+
+def test_lowrank_es_trains_resumes_and_matches_two_processes(tmp_path):
+    kw = dict(noise="lowrank", rank=2, population=6, eval_problems=4, batch_size=40)
+    es.train(small_es(tmp_path, "full", iterations=3, save_every=1, **kw))
+    es.train(small_es(tmp_path, "cut", iterations=1, **kw))
+    es.train(small_es(tmp_path, "x", iterations=3, resume=str(tmp_path / "cut"), **kw))
+    a, b, base = weights(tmp_path / "full"), weights(tmp_path / "cut"), passk.load_model(TOY)[0].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and any(not torch.equal(a[k], base[k]) for k in a)
+    train = [json.loads(x) for x in open(tmp_path / "full" / "log.jsonl") if '"train"' in x]
+    assert all(x["time_perturb"] >= 0 and x["time_generate"] > 0 and x["time_update"] > 0 for x in train)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29513",
+           os.path.join(HERE, "es.py"), "--iterations", "3", "--population", "6", "--prompts", "16",
+           "--temperature", "1", "--samples", "2", "--sigma", "0.05", "--noise", "lowrank", "--rank", "2",
+           "--train-problems", "50", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "0", "--batch-size", "40",
+           "--max-new-tokens", "10", "--threads", "1", "--out", str(tmp_path / "w2")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    c = weights(tmp_path / "w2")
+    assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 @pytest.mark.parametrize("kw,msg", [

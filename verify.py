@@ -562,8 +562,11 @@ def _load_rows(path: str) -> list[tuple[str, dict]]:
     """(where, row) for each object in a .jsonl file or a .json list; `where` is 'path:line' for error messages."""
     if not os.path.isfile(path):
         raise UsageError(f'data file not found: {path}')
-    with open(path, encoding='utf-8') as f:
-        text = f.read()
+    try:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f'{path}: cannot be read as UTF-8 text ({e.__class__.__name__})') from None
     if path.endswith('.json'):
         try:
             items = json.loads(text)
