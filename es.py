@@ -471,8 +471,9 @@ def setup_distributed(args):
 
 
 # ---- the loop -----------------------------------------------------------------------------------------------------
-def train(args, model=None, tokenizer=None):
-    """Run ES; returns the trained model holding the fp32 master weights. model/tokenizer: already loaded."""
+def train(args, model=None, tokenizer=None, evaluate_start=True):
+    """Run ES; returns (model, tokenizer), the model holding the fp32 master weights. model/tokenizer: already loaded
+    (e.g. by a schedule), else args.model is loaded; evaluate_start=False skips the held-out evaluation at iteration 0."""
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
@@ -496,6 +497,7 @@ def train(args, model=None, tokenizer=None):
     task = verify.get_task(args.task, args.data or None)
     if model is None or args.resume:
         model, tokenizer = passk.load_model(ckpt if args.resume else args.model, "fp32", device)
+    model.to(device)
     base = passk.load_model(args.model, "fp32", device)[0] if args.resume else model
     # fp32 master (and initial) copies of every parameter; the working weights live in the model, in args.dtype
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
@@ -525,13 +527,13 @@ def train(args, model=None, tokenizer=None):
     def evaluate(t):
         summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
                                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    seed=stream_seed(args.seed, "eval"), rank=rank, world=world)
+                                    seed=passk.EVAL_SEED, rank=rank, world=world)
         if rank == 0:
             log_line(log_path, {"type": "eval", "iteration": t, **summary})
             print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
                                                 if k.startswith("pass@") or k.endswith("entropy")), flush=True)
 
-    if start_it == 0:
+    if start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
         evaluate(0)
     from tqdm import tqdm
     bar = tqdm(range(start_it, args.iterations), desc="es", disable=rank != 0, file=sys.stderr,
@@ -598,7 +600,7 @@ def train(args, model=None, tokenizer=None):
             dist.barrier()
     cast_params(model, torch.float32)  # hand back the exact fp32 master (what the checkpoint holds), e.g. to a schedule
     restore(dict(model.named_parameters()), master)
-    return model
+    return model, tokenizer
 
 
 def main(args):

@@ -307,8 +307,9 @@ def setup_distributed(args):
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------------
-def train(args, model=None, tokenizer=None):
-    """Run GRPO; returns the trained model. model/tokenizer: already loaded (e.g. by a schedule), else args.model."""
+def train(args, model=None, tokenizer=None, evaluate_start=True):
+    """Run GRPO; returns (model, tokenizer). model/tokenizer: already loaded (e.g. by a schedule), else args.model is
+    loaded; evaluate_start=False skips the held-out evaluation at step 0."""
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
@@ -332,7 +333,7 @@ def train(args, model=None, tokenizer=None):
     task = verify.get_task(args.task, args.data or None)
     if model is None or ckpt:
         model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
-    model.float()
+    model.float().to(device)
     ref = None
     if args.beta > 0:  # the frozen reference is the model we start from (the base, also when resuming)
         ref = passk.load_model(args.model, "fp32", device)[0] if ckpt else copy.deepcopy(model)
@@ -366,13 +367,13 @@ def train(args, model=None, tokenizer=None):
         model.eval()
         summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
                                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    seed=stream_seed(args.seed, "eval"), rank=rank, world=world)
+                                    seed=passk.EVAL_SEED, rank=rank, world=world)
         if rank == 0:
             log_line(log_path, {"type": "eval", "iteration": t, **summary})
             print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
                                                 if k.startswith("pass@") or k.endswith("entropy")), flush=True)
 
-    if start_it == 0:
+    if start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
         evaluate(0)
     from tqdm import tqdm
     bar = tqdm(range(start_it, args.iterations), desc="grpo", disable=rank != 0, file=sys.stderr,
@@ -471,7 +472,7 @@ def train(args, model=None, tokenizer=None):
                                                           "wall": wall})
         if world > 1:
             dist.barrier()
-    return model
+    return model, tokenizer
 
 
 def main(args):

@@ -31,6 +31,10 @@ import verify
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The sampling seed of every held-out evaluation: passk.py's default --seed, and the training scripts' eval lines, so
+# that a run's final eval line is exactly what `passk.py --model RUN --n EVAL_N --problems EVAL_PROBLEMS` prints, and
+# every model (any algorithm, any training seed) is evaluated with the same random numbers (common random numbers).
+EVAL_SEED = 0
 
 
 # ---- Pass@k and diversity -------------------------------------------------------------------------------------
@@ -90,7 +94,8 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 # ---- models -----------------------------------------------------------------------------------------------------
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
-    """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint.
+    """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint, and a
+    schedule directory (sequential.py) its last stage's.
 
     Anything wrong with the files (missing, truncated, not a model, weights that do not fit the config) is one
     UsageError naming the model, never a traceback or a silently re-initialised tensor."""
@@ -98,12 +103,14 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cp
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own bars only: stderr stays readable (and one line on error)
     path = os.path.expanduser(name)
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
-        ckpts = sorted(d for d in os.listdir(path) if re.fullmatch(r"checkpoint-\d+", d))
-        if not ckpts:
-            raise verify.UsageError(f"model directory {name} has neither config.json nor checkpoint-* folders")
-        path = os.path.join(path, ckpts[-1])
-    elif not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
+    while os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+        # a run directory (es.py, grpo.py) holds checkpoint-NNNNNN; a schedule (sequential.py) stage-K-ALGO runs
+        found = {int(m[1] or m[2]): d for d in os.listdir(path)
+                 if (m := re.fullmatch(r"checkpoint-(\d+)|stage-(\d+)-[a-z]+", d))}
+        if not found:
+            raise verify.UsageError(f"model directory {path} has no config.json, checkpoint-* or stage-* folders")
+        path = os.path.join(path, found[max(found)])
+    if not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
         raise verify.UsageError(f"model path does not exist: {name}")
     if dtype not in DTYPES:
         raise verify.UsageError(f"unknown dtype {dtype!r} (choose from: {', '.join(DTYPES)})")
@@ -307,7 +314,7 @@ class Args:
     """generation budget per completion; in [1, inf)"""
     batch_size: int = 256
     """rows per generation batch; in [1, inf)"""
-    seed: int = 0
+    seed: int = EVAL_SEED
     """sampling seed (the problems come from the task's own seed, 1234); in [0, inf)"""
     dtype: str = "fp32"
     """weights dtype; one of {fp32, bf16, fp16}"""
@@ -537,10 +544,13 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def add_flags(parser, cls, prefix=""):
-    """One --flag per field of the dataclass cls (hyphenated, optionally prefixed), its doc and default as help."""
+def add_flags(parser, cls, prefix="", skip=()):
+    """One --flag per field of the dataclass cls (hyphenated, optionally prefixed), its doc and default as help.
+    Fields named in skip, and dict fields (a script's per-algorithm overrides), get no flag."""
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
+        if f.name in skip or f.default_factory is dict:
+            continue
         flag = "--" + prefix + f.name.replace("_", "-")
         kw = {"dest": prefix.replace("-", "_") + f.name, "metavar": f.name.upper()}
         if f.default_factory is not dataclasses.MISSING:  # list fields

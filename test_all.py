@@ -17,6 +17,7 @@ import torch
 import es
 import grpo
 import passk
+import sequential
 import toy
 import verify
 
@@ -734,7 +735,7 @@ def test_es_resume_equals_uninterrupted(tmp_path):
 def test_es_params_subset_and_model_in_memory(tmp_path):
     """--params matrices leaves 1-D tensors alone; a model passed in memory trains exactly like one loaded by path."""
     model, tok = passk.load_model(TOY)
-    trained = es.train(small_es(tmp_path, "mem", iterations=1, params="matrices"), model, tok)
+    trained, _ = es.train(small_es(tmp_path, "mem", iterations=1, params="matrices"), model, tok)
     assert trained is model
     es.train(small_es(tmp_path, "path", iterations=1, params="matrices"))
     a, b, base = weights(tmp_path / "mem"), weights(tmp_path / "path"), passk.load_model(TOY)[0].state_dict()
@@ -748,7 +749,7 @@ def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path, monkeypatch):
     seen, real_sample = [], passk.sample
     monkeypatch.setattr(passk, "sample", lambda m, *a, **kw: seen.append(
         (next(m.parameters()).dtype, m.model.rotary_emb.inv_freq.dtype)) or real_sample(m, *a, **kw))
-    model = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"), model, tok)
+    model, _ = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"), model, tok)
     w = weights(tmp_path / "bf16")
     assert all(v.dtype == torch.float32 for v in w.values())
     # members were scored in bf16; only parameters are cast (RoPE's inv_freq stays fp32, as from_pretrained leaves it)
@@ -1013,7 +1014,7 @@ def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
 # =====================================================================================================================
 # Every script's command line: --help shows each flag's doc and default; bad input is one line, exit 2, no trace
 # =====================================================================================================================
-SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy}
+SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy, "sequential": sequential}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -1025,12 +1026,16 @@ def test_help_shows_every_flag_with_its_doc_and_default(name, monkeypatch, capsy
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     docs = passk.field_docs(module.Args)
-    for f in dataclasses.fields(module.Args):
+    fields = [("", f, docs) for f in dataclasses.fields(module.Args) if f.default_factory is not dict]
+    if module is sequential:  # and every stage flag of es.py and grpo.py, prefixed
+        fields += [(f"{algo}-", f, passk.field_docs(m.Args)) for algo, m in sequential.ALGOS.items()
+                   for f in dataclasses.fields(m.Args) if f.name not in sequential.SHARED + sequential.PER_STAGE]
+    for prefix, f, docs in fields:
         doc = " ".join(docs[f.name].split())
         assert len(doc) > 10, f.name
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         shown = "''" if default == "" else default
-        assert f"--{f.name.replace('_', '-')}" in text and f"{doc} (default: {shown})" in text, f.name
+        assert f"--{prefix}{f.name.replace('_', '-')}" in text and f"{doc} (default: {shown})" in text, f.name
 
 
 @pytest.fixture(scope="module")
@@ -1078,7 +1083,7 @@ BAD = [  # (script, argv, a fragment of the one-line error); {b} is the broken_f
     ("passk", ["--model", "./no/such/model"], "does not exist"),
     ("passk", ["--model", "{b}/truncated-model"], "truncated-model"),
     ("passk", ["--model", "{b}/misfit-model"], "do not fit its config"),
-    ("passk", ["--model", "{b}"], "neither config.json"),
+    ("passk", ["--model", "{b}"], "no config.json"),
     ("passk", ["--out", "{b}/a-file/x.jsonl"], "cannot be written"),
     ("passk", ["--plot", "{b}/a-file/x.png"], "cannot be written"),
     ("passk", ["--compare", "{b}/missing.jsonl"], "no such file"),
@@ -1126,6 +1131,23 @@ BAD = [  # (script, argv, a fragment of the one-line error); {b} is the broken_f
     ("grpo", ["--model", "{b}/misfit-model"], "do not fit"),
     ("grpo", ["--out", "{b}/a-file"], "cannot be written"),
     ("grpo", ["--resume", "{b}/grpo-run"], "optimizer.pt is damaged"),
+    ("sequential", ["--schedule", "grpo:x"], "--schedule must be"),
+    ("sequential", ["--schedule", "foo:3"], "--schedule must be"),
+    ("sequential", ["--schedule", ""], "--schedule must be"),
+    ("sequential", ["--schedule", "grpo:0,es:2"], "--schedule must be"),
+    ("sequential", ["--schedule", "grpo:2,es"], "--schedule must be"),
+    ("sequential", ["--es-sigma", "0"], "--es-sigma must be in (0, inf)"),
+    ("sequential", ["--grpo-group", "1"], "--grpo-group"),
+    ("sequential", ["--grpo-temperature", "0"], "--grpo-temperature"),
+    ("sequential", ["--es-fitness", "best"], "--es-fitness"),
+    ("sequential", ["--es-bogus", "1"], "unrecognized"),
+    ("sequential", ["--eval-n", "0"], "--eval-n"),
+    ("sequential", ["--device", "tpu"], "not available"),
+    ("sequential", ["--sweep", "--switch", "0,1.5"], "--switch"),
+    ("sequential", ["--sweep", "--order", "grpo-es,sideways"], "--order"),
+    ("sequential", ["--sweep", "--budget", "0"], "--budget"),
+    ("sequential", ["--out", "{b}/a-file"], "cannot be written"),
+    ("sequential", ["--resume", "{b}/nothing-here"], "cannot read"),
     ("toy", ["--steps", "0"], "--steps"),
     ("toy", ["--hidden", "100", "--heads", "3"], "multiple of --heads"),
     ("toy", ["--p-correct", "1.5"], "--p-correct"),
@@ -1191,3 +1213,103 @@ def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path
     module.train(small(tmp_path, "x", iterations=3, resume=str(tmp_path / "cut")))
     a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# =====================================================================================================================
+# sequential.py
+# =====================================================================================================================
+def small_seq(tmp_path, name, **kw):
+    base = dict(schedule="grpo:2,es:2", eval_problems=4, eval_n=2, eval_every=0, max_new_tokens=10, threads=1,
+                out=str(tmp_path / name), es=dict(population=4, prompts=16, train_problems=50, save_every=1),
+                grpo=dict(prompts=4, group=4, train_problems=50, micro_batch=8, save_every=1))
+    return sequential.Args(**(base | kw))
+
+
+def final_weights(out):
+    return weights(os.path.join(out, sorted(d for d in os.listdir(out) if d.startswith("stage-"))[-1]))
+
+
+def test_sequential_two_stages_log_load_and_rerun_bit_identically(tmp_path):
+    sequential.main(small_seq(tmp_path, "a"))
+    lines = [json.loads(x) for x in open(tmp_path / "a" / "log.jsonl")]
+    assert lines[0]["type"] == "config" and lines[0]["schedule"] == "grpo:2,es:2"
+    train = [x for x in lines if x["type"] == "train"]
+    assert [(x["stage"], x["algo"], x["iteration"], x["step"]) for x in train] == \
+        [(1, "grpo", 1, 1), (1, "grpo", 2, 2), (2, "es", 1, 3), (2, "es", 2, 4)]
+    assert [x["generations"] for x in train] == [16, 32, 32 + 64, 32 + 128]  # cumulative across stages
+    assert all(b["wall"] > a["wall"] for a, b in zip(train, train[1:]))
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert [(x["stage"], x["iteration"]) for x in evals] == [(1, 0), (1, 2), (2, 2)]  # start and each stage's end
+    assert [x["seed"] for x in lines if x["type"] == "stage"][0] == 0  # stage 1 is es.py / grpo.py with --seed
+    for d in ("stage-1-grpo", "stage-2-es", ""):  # stage models load; the schedule directory loads its last stage
+        passk.load_model(str(tmp_path / "a" / d))
+    last = passk.load_model(str(tmp_path / "a"))[0].state_dict()
+    w = final_weights(tmp_path / "a")
+    assert all(torch.equal(last[k], w[k]) for k in w)
+    grpo_end = weights(tmp_path / "a" / "stage-1-grpo")
+    assert any(not torch.equal(grpo_end[k], w[k]) for k in w)  # the ES stage moved the GRPO model
+    sequential.main(small_seq(tmp_path, "b"))
+    v = final_weights(tmp_path / "b")
+    assert all(torch.equal(v[k], w[k]) for k in w)
+    with pytest.raises(SystemExit) as e:  # a second run into the same --out is refused
+        sequential.main(small_seq(tmp_path, "a"))
+    assert e.value.code == 2
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_sequential_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    """Killed inside stage 2 (after its first checkpoint), then between stages: --resume ends with the same weights."""
+    args = dict(schedule="grpo:2,es:2,grpo:1")
+    sequential.main(small_seq(tmp_path, "full", **args))
+    real_save = es.save_checkpoint
+
+    def save_then_die(model, tok, master, a, state):
+        real_save(model, tok, master, a, state)
+        raise _Killed
+    monkeypatch.setattr(es, "save_checkpoint", save_then_die)
+    with pytest.raises(_Killed):
+        sequential.main(small_seq(tmp_path, "cut", **args))
+    assert sequential.stage_done(es, tmp_path / "cut" / "stage-2-es") == 1
+    monkeypatch.setattr(es, "save_checkpoint", real_save)
+    real_grpo_train = grpo.train
+    calls = []
+
+    def die_before_stage_3(a, *rest, **kw):
+        calls.append(a.out)
+        if a.out.endswith("stage-3-grpo"):
+            raise _Killed
+        return real_grpo_train(a, *rest, **kw)
+    monkeypatch.setattr(grpo, "train", die_before_stage_3)
+    with pytest.raises(_Killed):
+        sequential.main(sequential.Args(resume=str(tmp_path / "cut")))
+    assert [os.path.basename(c) for c in calls] == ["stage-3-grpo"]  # stage 1 was finished, stage 2 resumed by ES
+    monkeypatch.setattr(grpo, "train", real_grpo_train)
+    sequential.main(sequential.Args(resume=str(tmp_path / "cut")))
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    full = [json.loads(x) for x in open(tmp_path / "full" / "log.jsonl")][1:]
+    cut = [json.loads(x) for x in open(tmp_path / "cut" / "log.jsonl")][1:]
+    drop = ("wall", "evals_per_s", "time_perturb", "time_generate", "time_update")
+    assert [{k: v for k, v in x.items() if k not in drop} for x in full] == \
+        [{k: v for k, v in x.items() if k not in drop} for x in cut]
+
+
+def test_sequential_sweep_writes_jsonl_and_plot(tmp_path, capsys):
+    args = small_seq(tmp_path, "sweep", sweep=True, budget=128, switch="0,1", order="grpo-es,es-grpo")
+    records = sequential.main(args)
+    assert [(r["order"], r["switch"], r["schedule"]) for r in records] == [
+        ("grpo-es", 0.0, "es:2"), ("grpo-es", 1.0, "grpo:8"), ("es-grpo", 0.0, "grpo:8"), ("es-grpo", 1.0, "es:2")]
+    assert records[0]["pass@1"] == records[3]["pass@1"] and records[0]["run"] == records[3]["run"]  # run once
+    assert [r["grpo_share"] for r in records] == [0.0, 1.0, 1.0, 0.0]
+    assert all(r["generations"] == 128 for r in records)
+    saved = [json.loads(x) for x in open(tmp_path / "sweep" / "sweep.jsonl")]
+    assert saved == records and (tmp_path / "sweep" / "sweep.png").stat().st_size > 1000
+    assert len(os.listdir(tmp_path / "sweep" / "runs")) == 2
+    out = capsys.readouterr().out
+    assert "base model: pass@1" in out and "grpo:8" in out
+    assert sequential.budget_schedule("interleave", 0.5, 1000, {"grpo": 10, "es": 50}, 2) == \
+        [("grpo", 25), ("es", 5), ("grpo", 25), ("es", 5)]
+    assert sequential.budget_schedule("es-grpo", 0.25, 1000, {"grpo": 10, "es": 50}, 2) == [("es", 5), ("grpo", 75)]
