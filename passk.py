@@ -93,6 +93,21 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 
 # ---- models -----------------------------------------------------------------------------------------------------
+def resolve_model(name: str) -> str:
+    """The model directory a name stands for: a run directory (es.py, grpo.py) gives its latest checkpoint-NNNNNN, a
+    schedule directory (sequential.py) its last stage-K-ALGO's; a hub id (one '/', not a path) is returned as is."""
+    path = os.path.expanduser(name)
+    while os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+        found = {int(m[1] or m[2]): d for d in os.listdir(path)
+                 if (m := re.fullmatch(r"checkpoint-(\d+)|stage-(\d+)-[a-z]+", d))}
+        if not found:
+            raise verify.UsageError(f"model directory {path} has no config.json, checkpoint-* or stage-* folders")
+        path = os.path.join(path, found[max(found)])
+    if not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
+        raise verify.UsageError(f"model path does not exist: {name}")
+    return path
+
+
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
     """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint, and a
     schedule directory (sequential.py) its last stage's.
@@ -102,16 +117,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cp
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # our own bars only: stderr stays readable (and one line on error)
-    path = os.path.expanduser(name)
-    while os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
-        # a run directory (es.py, grpo.py) holds checkpoint-NNNNNN; a schedule (sequential.py) stage-K-ALGO runs
-        found = {int(m[1] or m[2]): d for d in os.listdir(path)
-                 if (m := re.fullmatch(r"checkpoint-(\d+)|stage-(\d+)-[a-z]+", d))}
-        if not found:
-            raise verify.UsageError(f"model directory {path} has no config.json, checkpoint-* or stage-* folders")
-        path = os.path.join(path, found[max(found)])
-    if not os.path.exists(path) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
-        raise verify.UsageError(f"model path does not exist: {name}")
+    path = resolve_model(name)
     if dtype not in DTYPES:
         raise verify.UsageError(f"unknown dtype {dtype!r} (choose from: {', '.join(DTYPES)})")
     verbosity = hf_logging.get_verbosity()

@@ -18,6 +18,7 @@ import es
 import grpo
 import passk
 import sequential
+import sparsity
 import toy
 import verify
 
@@ -1014,7 +1015,7 @@ def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
 # =====================================================================================================================
 # Every script's command line: --help shows each flag's doc and default; bad input is one line, exit 2, no trace
 # =====================================================================================================================
-SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy, "sequential": sequential}
+SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy, "sequential": sequential, "sparsity": sparsity}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -1057,6 +1058,13 @@ def broken_files(tmp_path_factory):
         path = os.path.join(es.latest_checkpoint(root / run), damage)
         open(path, "wb").write(open(path, "rb").read()[:20])
     (root / "a-file").write_text("x")
+    toy.main(toy.Args(out=str(root / "small-model"), steps=1, batch=4, hidden=32, intermediate=64, layers=1, heads=2,
+                      eval_problems=0))
+    shutil.copytree(TOY, root / "other-tokenizer")
+    tj = json.loads((root / "other-tokenizer" / "tokenizer.json").read_text())
+    v = tj["model"]["vocab"]
+    v["+"], v["-"] = v["-"], v["+"]  # same architecture, a different tokenizer
+    (root / "other-tokenizer" / "tokenizer.json").write_text(json.dumps(tj))
     return root
 
 
@@ -1148,6 +1156,17 @@ BAD = [  # (script, argv, a fragment of the one-line error); {b} is the broken_f
     ("sequential", ["--sweep", "--budget", "0"], "--budget"),
     ("sequential", ["--out", "{b}/a-file"], "cannot be written"),
     ("sequential", ["--resume", "{b}/nothing-here"], "cannot read"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--keep", "0,150"], "--keep must be"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--modes", "top,best"], "--modes"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--quant", "1"], "--quant"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--prune", "120"], "--prune"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--eval-n", "0"], "--eval-n"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--forget-task", "nope"], "unknown task"),
+    ("sparsity", ["--tuned", "./no/such/run"], "does not exist"),
+    ("sparsity", ["--tuned", "{b}/truncated-model"], "cannot load model"),
+    ("sparsity", ["--tuned", "{b}/small-model"], "different architectures"),
+    ("sparsity", ["--tuned", "{b}/other-tokenizer"], "different tokenizers"),
+    ("sparsity", ["--tuned", "{b}/es-run", "--out", "{b}/a-file"], "cannot be written"),
     ("toy", ["--steps", "0"], "--steps"),
     ("toy", ["--hidden", "100", "--heads", "3"], "multiple of --heads"),
     ("toy", ["--p-correct", "1.5"], "--p-correct"),
@@ -1313,3 +1332,85 @@ def test_sequential_sweep_writes_jsonl_and_plot(tmp_path, capsys):
     assert sequential.budget_schedule("interleave", 0.5, 1000, {"grpo": 10, "es": 50}, 2) == \
         [("grpo", 25), ("es", 5), ("grpo", 25), ("es", 5)]
     assert sequential.budget_schedule("es-grpo", 0.25, 1000, {"grpo": 10, "es": 50}, 2) == [("es", 5), ("grpo", 75)]
+
+
+# =====================================================================================================================
+# sparsity.py
+# =====================================================================================================================
+@pytest.fixture(scope="module")
+def es_tuned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tuned")
+    es.train(small_es(root, "es", iterations=2, sigma=0.05, population=6, eval_problems=2))
+    return str(root / "es")
+
+
+def test_sparsity_end_to_end_endpoints_are_exact(es_tuned, tmp_path, capsys):
+    args = sparsity.Args(tuned=es_tuned, keep="0,10,100", prune="50", quant="8,4", eval_problems=12, eval_n=4,
+                         max_new_tokens=10, lm_sequences=64, out=str(tmp_path / "sp"))
+    records = sparsity.main(args)
+    ev = {r["model"]: r for r in records if r["kind"] == "eval"}
+    keep = {(r["mode"], r["q"]): r for r in records if r["kind"] == "keep"}
+    metrics = [k for k in ev["base"] if k.startswith("pass@") or k.endswith("entropy")]
+    assert ev["base"]["token_entropy"] != ev["tuned"]["token_entropy"]  # the two models do differ
+    for mode in ("top", "top-tensor", "random"):  # q = 100 is the tuned model and q = 0 the base, exactly
+        assert all(keep[mode, 100.0][k] == ev["tuned"][k] for k in metrics)
+        assert all(keep[mode, 0.0][k] == ev["base"][k] for k in metrics)
+    d = records[0]
+    assert d["kind"] == "drift" and d["overall"]["relative_l2"] > 0 and d["overall"]["changed_fp32"] > 0.99
+    assert set(d["by_type"]) == {"embedding", "attention", "mlp", "norm"}
+    assert sum(d["histogram"]["counts"]) + d["histogram"]["zeros"] == d["overall"]["params"]
+    assert 0 <= d["overall"]["above_0.0015"] <= d["overall"]["above_0.001"] <= d["overall"]["changed_fp32"]
+    comp = [r for r in records if r["kind"] == "compress"]
+    assert [(r["method"], r["model"]) for r in comp] == [(m, w) for m in ("prune-50%", "int8", "int4")
+                                                         for w in ("base", "tuned")]
+    forget = [r for r in records if r["kind"] == "forgetting"]
+    assert [r["model"] for r in forget] == ["base", "tuned"] and all(r["lm_loss"] > 0 for r in forget)
+    assert forget[0]["lm_loss"] != forget[1]["lm_loss"] and "forget_pass@1" in forget[0]
+    saved = [json.loads(x) for x in open(tmp_path / "sp" / "sparsity.jsonl")]
+    assert [r["kind"] for r in saved] == [r["kind"] for r in records]
+    for png in ("keep.png", "delta_hist.png", "compress.png"):
+        assert (tmp_path / "sp" / png).stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "drift: relative L2" in out and "90% of the gain kept" in out
+
+
+def test_keep_masks_keep_exactly_q_percent():
+    g = torch.Generator().manual_seed(0)
+    base = {"a": torch.randn(40, 30, generator=g), "b": torch.randn(77, generator=g)}
+    tuned = {k: v + torch.randn(v.shape, generator=g) * torch.rand(v.shape, generator=g) for k, v in base.items()}
+    N = sum(v.numel() for v in base.values())
+    for q in (0, 0.5, 3, 37.5, 100):
+        for mode in ("top", "random"):
+            m = sparsity.keep_masks(base, tuned, q, mode, seed=1)
+            assert sum(int(x.sum()) for x in m.values()) == round(q / 100 * N), (mode, q)
+        top = sparsity.keep_masks(base, tuned, q, "top")
+        a = torch.cat([(tuned[k] - base[k]).abs().flatten() for k in base])
+        kept = torch.cat([top[k].flatten() for k in base])
+        if 0 < q < 100:
+            assert a[kept].min() >= a[~kept].max()  # the largest |delta| are the ones kept
+        per = sparsity.keep_masks(base, tuned, q, "top-tensor")
+        assert all(int(per[k].sum()) == round(q / 100 * base[k].numel()) for k in base)
+    m = sparsity.merged(base, tuned, sparsity.keep_masks(base, tuned, 37.5, "random", seed=1))
+    for k in base:  # every entry is exactly one of the two models'
+        assert bool(((m[k] == base[k]) | (m[k] == tuned[k])).all())
+
+
+def test_pruning_and_quantisation_round_trips(toy_model):
+    model = toy_model[0]
+    w = {k: p.detach().clone() for k, p in model.named_parameters()}
+    names = sparsity.compressible(model, w)
+    assert names and "model.embed_tokens.weight" not in names and all(w[k].dim() == 2 for k in names)
+    N = sum(w[k].numel() for k in names)
+    for s in (10, 30, 50, 70):
+        p = sparsity.prune(w, names, s)
+        assert sum(int((p[k] == 0).sum()) for k in names) == round(s / 100 * N)
+        assert all(torch.equal(p[k], w[k]) for k in w if k not in names)
+        assert all(bool(((p[k] == 0) | (p[k] == w[k])).all()) for k in names)
+    for bits in (8, 4):
+        for k in names:
+            q, step = sparsity.quantize(w[k], bits)
+            assert bool(((q - w[k]).abs() <= step / 2 + 1e-7).all())  # round to nearest: within half a step
+            levels = torch.round(q / step)
+            assert int(levels.abs().max()) <= 2 ** (bits - 1) - 1
+    q4 = sparsity.quantize(w[names[0]], 4)[0]
+    assert not torch.equal(q4, w[names[0]]) and len(torch.unique(q4[0])) <= 15

@@ -782,17 +782,18 @@ class MathTask(Task):
 
 
 # ---- The toy task (toy.py reproduces this distribution and split; test_all.py checks that) -------------------------
-def toy_problem(rng: random.Random) -> dict:
+def toy_problem(rng: random.Random, min_target: int = 0, max_target: int = 99) -> dict:
     """Draw one toy problem. Exactly, in this order: numbers = [rng.randint(1, 9) for 3]; a, b, c =
     rng.sample(numbers, 3); o1 = rng.choice('+-*'); o2 = rng.choice('+-*'); left = rng.random() < 0.5 gives
-    ((a o1 b) o2 c), else (a o1 (b o2 c)); the whole draw repeats unless 0 <= target <= 99."""
+    ((a o1 b) o2 c), else (a o1 (b o2 c)); the whole draw repeats unless min_target <= target <= max_target
+    (0..99: the distribution toy.py pretrains on)."""
     while True:
         numbers = [rng.randint(1, 9) for _ in range(3)]
         a, b, c = rng.sample(numbers, 3)
         o1, o2 = rng.choice('+-*'), rng.choice('+-*')
         tree = (o2, (o1, a, b), c) if rng.random() < 0.5 else (o1, a, (o2, b, c))
         target = int(_tree_value(tree))
-        if 0 <= target <= 99:
+        if min_target <= target <= max_target:
             return {'numbers': numbers, 'target': target}
 
 
@@ -816,15 +817,22 @@ def toy_solutions(numbers, target) -> list[str]:
 
 
 class ToyTask(Task):
+    """The embedded model's task. Options (`toy?min_target=100,max_target=729`) draw targets from another range: the
+    model was pretrained and is post-trained on 0..99 only, so 100..729 is a problem family it never saw."""
     name, format_bonus = 'toy', 0.1
+    options = {'min_target': 0, 'max_target': 99}
 
-    def __init__(self, data: str | None = None):
+    def __init__(self, data: str | None = None, min_target: int = 0, max_target: int = 99):
         super().__init__(None)  # procedural only; a data file has no meaning here
+        if not (isinstance(min_target, int) and isinstance(max_target, int) and 0 <= min_target <= max_target <= 729):
+            raise UsageError(f'toy needs integer targets 0 <= min_target <= max_target <= 729 (9*9*9); got '
+                             f'{min_target}..{max_target}')
+        self.min_target, self.max_target = min_target, max_target
 
     def generate(self, split, n, seed):
         rng, out = random.Random(seed), []
         while len(out) < n:
-            problem = toy_problem(rng)
+            problem = toy_problem(rng, self.min_target, self.max_target)
             if split in ('all', toy_split(problem['numbers'], problem['target'])):
                 out.append(problem)
         return out
@@ -849,7 +857,28 @@ class ToyTask(Task):
 TASKS = {'countdown': CountdownTask, 'gsm8k': Gsm8kTask, 'math': MathTask, 'toy': ToyTask}
 
 
+def _option_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {'true': True, 'false': False}.get(text.lower(), text)
+
+
 def get_task(name: str, data: str | None = None) -> Task:
-    if name not in TASKS:
-        raise UsageError(f"unknown task '{name}' (choose from: {', '.join(TASKS)})")
-    return TASKS[name](data)
+    """A task by name, with options after '?': 'toy', 'toy?min_target=100,max_target=729'."""
+    base, _, text = name.partition('?')
+    options = {}
+    for item in filter(None, (x.strip() for x in text.split(','))):
+        key, eq, value = item.partition('=')
+        if not eq or not key.strip():
+            raise UsageError(f"task options are key=value pairs after '?', joined by commas; got {item!r} in {name!r}")
+        options[key.strip()] = _option_value(value.strip())
+    if base not in TASKS:
+        raise UsageError(f"unknown task '{base}' (choose from: {', '.join(TASKS)})")
+    accepted = getattr(TASKS[base], 'options', {})
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise UsageError(f"task {base} has no option {unknown[0]!r} (options: {', '.join(accepted) or 'none'})")
+    return TASKS[base](data, **options)
