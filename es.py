@@ -133,9 +133,8 @@ def perturb(params, master, seed, t, n, sigma, antithetic):
     """Write master + sigma * sign * eps_n into the working weights, one tensor (and one noise buffer) at a time."""
     k, sign = member_noise(n, antithetic)
     with torch.no_grad():
-        for name, p in params.items():
-            eps = noise(seed, t, k, name, master[name])
-            p.copy_(eps.mul_(sigma * sign).add_(master[name]))
+        for name, p in params.items():  # one fused add (in fp32, rounded once to the working dtype) per tensor
+            torch.add(master[name], noise(seed, t, k, name, master[name]), alpha=sigma * sign, out=p)
 
 
 def cast_params(model, dtype):
@@ -171,82 +170,119 @@ class MemberRows:
     Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
-    affine in its weight). The shared x W^T is computed once for all rows; the per-row terms are two thin matmuls
-    against all members' factors side by side ([in, M*R] and [M*R, out]) with a one-hot row mask between them, so
-    nothing of size rows x out x R is gathered. Working weights stay equal to the master throughout.
+    affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term is two thin
+    matmuls against all members' factors side by side ([in, M*R] and [M*R, out]) with a one-hot row mask between
+    them (three in-place ops, nothing of size rows x out x R gathered). Working weights stay equal to the master.
     """
 
     def __init__(self, model, params, master, members, args, t):
-        self.sigma, self.rank, self.M, self.row_mask, self.hooks = args.sigma, args.rank, len(members), None, []
+        self.M, self.R, self.hooks, self.present = len(members), args.rank, [], None
+        self.per_row, self.per_member = [], []  # (holder, table) pairs that set_rows refreshes
         name_of = {id(p): name for name, p in params.items()}
         dtype = next(model.parameters()).dtype
-        self.factors, self.vectors = {}, {}  # name -> (A_all [out, M*R], B_all [in, M*R]) / eps_all [M, dim]
+        scale = args.sigma / math.sqrt(args.rank)
+        signs = [member_noise(n, args.antithetic) for n in members]
+        factors, vectors = {}, {}  # name -> (A_all * scale [M*R, out], B_all [in, M*R]) / sigma * eps_all [M, dim]
         for name in params:
-            signs = [member_noise(n, args.antithetic) for n in members]
             if master[name].dim() == 2:
                 ab = [lowrank_factors(args.seed, t, k, name, master[name], args.rank) for k, _ in signs]
-                self.factors[name] = (torch.cat([a * sign for (a, _), (_, sign) in zip(ab, signs)], 1).to(dtype),
-                                      torch.cat([b for _, b in ab], 1).to(dtype))
+                factors[name] = (torch.cat([a * (sign * scale) for (a, _), (_, sign) in zip(ab, signs)], 1).T
+                                 .contiguous().to(dtype), torch.cat([b for _, b in ab], 1).to(dtype))
             else:
-                self.vectors[name] = torch.stack([noise(args.seed, t, k, name, master[name]) * sign
-                                                  for k, sign in signs]).to(dtype)
+                vectors[name] = torch.stack([noise(args.seed, t, k, name, master[name]) * (sign * args.sigma)
+                                             for k, sign in signs]).to(dtype)
         for mod_name, module in model.named_modules():
             mine = {pn: name_of[id(p)] for pn, p in module.named_parameters(recurse=False) if id(p) in name_of}
             if not mine:
                 continue
             if isinstance(module, torch.nn.Linear):
-                hook = self._linear
+                hook = self._linear(self._members(factors.get(mine.get("weight"))),
+                                    self._rows(vectors.get(mine.get("bias"))))
             elif isinstance(module, torch.nn.Embedding):
-                hook = self._embedding
+                hook = self._embedding(*factors[mine["weight"]])
             elif all(p.dim() == 1 for p in module.parameters(recurse=False)):
-                hook = self._norm
+                hook = self._norm(module, {pn: self._rows(vectors[name]) for pn, name in mine.items()})
             else:
                 raise verify.UsageError(f"--noise lowrank cannot perturb {mod_name} ({type(module).__name__}) per row; "
                                         f"use --noise full or leave it out with --params")
-            self.hooks.append(module.register_forward_hook(
-                lambda mod, inp, out, hook=hook, mine=mine: hook(mod, inp[0], out, mine)))
-        self._inside_norm = False
+            self.hooks.append(module.register_forward_hook(hook))
+        self.mask = self.member = None
+
+    def _rows(self, table):
+        """A per-row view of a [M, dim] table, refreshed by set_rows: holder[0] is [B, 1, dim]."""
+        if table is None:
+            return None
+        holder = [None]
+        self.per_row.append((holder, table))
+        return holder
+
+    def _members(self, ab):
+        """A Linear's factors restricted to the members present in the batch, refreshed by set_rows: a batch holds
+        rows of few members (they are contiguous), so the thin matmuls cost O(members in the batch), not O(M)."""
+        if ab is None:
+            return None
+        holder = [None]
+        self.per_member.append((holder, ab))
+        return holder
 
     def set_rows(self, member_index: torch.Tensor):
         """member_index [B]: the position in `members` of each row of the batch about to run (passk.sample's
-        on_batch, mapped from prompt index to member)."""
+        on_batch, mapped from prompt index to member). Everything per row is gathered here, once per batch shape."""
         self.member = member_index
-        mask = torch.zeros(len(member_index), self.M, dtype=next(iter(self.factors.values()))[0].dtype
-                           if self.factors else torch.float32, device=member_index.device)
-        mask[torch.arange(len(member_index), device=mask.device), member_index] = 1.0
-        self.row_mask = mask.repeat_interleave(self.rank, 1).unsqueeze(1)  # [B, 1, M*R]
+        present = torch.unique(member_index)  # sorted
+        local = torch.searchsorted(present, member_index)
+        mask = torch.zeros(len(member_index), len(present), device=member_index.device)
+        mask[torch.arange(len(member_index), device=mask.device), local] = 1.0
+        self.mask = mask.repeat_interleave(self.R, 1).unsqueeze(1)  # [B, 1, m*R]
+        for holder, table in self.per_row:
+            holder[0] = table[member_index].unsqueeze(1)
+        if self.present is None or not torch.equal(present, self.present):
+            self.present = present
+            cols = (present.unsqueeze(1) * self.R + torch.arange(self.R, device=present.device)).flatten()
+            for holder, (a_t, b_all) in self.per_member:
+                holder[0] = (a_t[cols], b_all[:, cols])
 
-    def _lowrank(self, x, a_all, b_all):  # x [B, T, in] -> [B, T, out]
-        return ((x @ b_all) * self.row_mask) @ a_all.T * (self.sigma / math.sqrt(self.rank))
-
-    def _linear(self, module, x, out, mine):
-        if "weight" in mine:
-            a_all, b_all = self.factors[mine["weight"]]
-            out = out + self._lowrank(x, a_all, b_all)
-        if "bias" in mine:
-            out = out + self.sigma * self.vectors[mine["bias"]][self.member].unsqueeze(1)
-        return out
-
-    def _embedding(self, module, ids, out, mine):
-        a_all, b_all = self.factors[mine["weight"]]  # weight [V, H]: A rows are indexed by token, B spans H
-        a = a_all.view(a_all.shape[0], self.M, self.rank)[ids, self.member.unsqueeze(1)]  # [B, T, R]
-        b = b_all.view(b_all.shape[0], self.M, self.rank).permute(1, 2, 0)[self.member]   # [B, R, H]
-        return out + a @ b * (self.sigma / math.sqrt(self.rank))
-
-    def _norm(self, module, x, out, mine):
-        if self._inside_norm:  # the two probing calls below run this module again
+    def _linear(self, ab, bias_rows):
+        def hook(module, inputs, out):
+            if ab is not None:
+                a_t, b_all = ab[0]
+                xb = inputs[0] @ b_all  # [B, T, M*R]
+                xb.mul_(self.mask.to(xb.dtype))  # each row keeps its own member's R columns
+                out.view(-1, out.shape[-1]).addmm_(xb.view(-1, xb.shape[-1]), a_t)
+            if bias_rows is not None:
+                out.add_(bias_rows[0])
             return out
-        self._inside_norm = True
-        try:
-            for pn, name in mine.items():
-                p = getattr(module, pn)
-                one, zero = {pn: torch.ones_like(p)}, {pn: torch.zeros_like(p)}
-                direction = (torch.func.functional_call(module, one, (x,)) -
-                             torch.func.functional_call(module, zero, (x,)))  # d out / d w along ones
-                out = out + self.sigma * self.vectors[name][self.member].unsqueeze(1) * direction
-        finally:
-            self._inside_norm = False
-        return out
+        return hook
+
+    def _embedding(self, a_t, b_all):
+        a_all = a_t.T.reshape(a_t.shape[1], self.M, self.R)  # [V, M, R] (scaled)
+        b_all = b_all.view(b_all.shape[0], self.M, self.R).permute(1, 2, 0)  # [M, R, H]
+
+        def hook(module, inputs, out):
+            a = a_all[inputs[0], self.member.unsqueeze(1)]  # [B, T, R]: token rows of each row's member
+            return out.add_(a @ b_all[self.member])
+        return hook
+
+    def _norm(self, module, eps_rows):
+        import copy
+        units = {}  # the module with one weight set to 1 and to 0: out is affine in it, so their difference is
+        for pn in eps_rows:  # d out / d w along ones (x-hat for an RMSNorm w * x-hat)
+            one, zero = copy.deepcopy(module), copy.deepcopy(module)
+            one._forward_hooks.clear()
+            zero._forward_hooks.clear()
+            with torch.no_grad():
+                getattr(one, pn).fill_(1.0)
+                getattr(zero, pn).zero_()
+            probe = torch.randn(2, 3, getattr(module, pn).shape[0], dtype=getattr(module, pn).dtype)
+            with torch.no_grad():
+                units[pn] = (one, None if bool((zero(probe) == 0).all()) else zero)
+
+        def hook(module, inputs, out):
+            for pn, (one, zero) in units.items():
+                direction = one(inputs[0]) if zero is None else one(inputs[0]) - zero(inputs[0])
+                out = out.addcmul_(eps_rows[pn][0], direction)
+            return out
+        return hook
 
     def close(self):
         for h in self.hooks:
@@ -254,14 +290,20 @@ class MemberRows:
 
 
 # ---- 3. score members ---------------------------------------------------------------------------------------------
-def member_scores(task, examples, texts, tokens, S):
-    """One member's completions (prompt-major, S per prompt) -> reward, its parts, answers and solved per prompt."""
-    parts = [task.parts(c, examples[r // S]) for r, c in enumerate(texts)]
-    rewards = [task.reward(c, examples[r // S]) for r, c in enumerate(texts)]
-    return {"reward": float(np.mean(rewards)), "format": float(np.mean([p["format"] for p in parts])),
-            "answer": float(np.mean([p["answer"] for p in parts])), "tokens": tokens,
-            "answers": [[task.answer(c, examples[i]) for c in texts[i * S:(i + 1) * S]] for i in range(len(examples))],
-            "solved": [any(p["answer"] >= 1 for p in parts[i * S:(i + 1) * S]) for i in range(len(examples))]}
+def member_scores(task, examples, texts, tokens, S, memo):
+    """One member's completions (prompt-major, S per prompt) -> reward, its parts, answers and solved per prompt.
+    memo caches the verdict of each (completion, prompt) across the members of an iteration: they often agree."""
+    verdicts = []
+    for r, c in enumerate(texts):
+        key = (c, r // S)
+        if key not in memo:
+            memo[key] = task.judge(c, examples[r // S])
+        verdicts.append(memo[key])
+    return {"reward": float(np.mean([v[0] for v in verdicts])),
+            "format": float(np.mean([v[1]["format"] for v in verdicts])),
+            "answer": float(np.mean([v[1]["answer"] for v in verdicts])), "tokens": tokens,
+            "answers": [[v[2] for v in verdicts[i * S:(i + 1) * S]] for i in range(len(examples))],
+            "solved": [any(v[1]["answer"] >= 1 for v in verdicts[i * S:(i + 1) * S]) for i in range(len(examples))]}
 
 
 def score_members(model, tok, task, examples, members, master, params, args, t, timing):
@@ -274,7 +316,7 @@ def score_members(model, tok, task, examples, members, master, params, args, t, 
     P, S = len(prompts), (args.samples if args.temperature > 0 else 1)
     kw = dict(n=S, temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
               seed=stream_seed(args.seed, "score", t), entropy=False)
-    out = {}
+    out, memo = {}, {}
     if args.noise == "lowrank":
         t0 = time.time()
         rows = MemberRows(model, params, master, members, args, t)
@@ -284,18 +326,18 @@ def score_members(model, tok, task, examples, members, master, params, args, t, 
                              on_batch=lambda prompt_index: rows.set_rows(prompt_index // P), **kw)
         finally:
             rows.close()
-        timing["perturb"] += t1 - t0
-        timing["generate"] += time.time() - t1
         for m, n in enumerate(members):
             ids = s.completion_ids[m * P * S:(m + 1) * P * S]
-            out[n] = member_scores(task, examples, s.texts[m * P * S:(m + 1) * P * S], sum(map(len, ids)), S)
+            out[n] = member_scores(task, examples, s.texts[m * P * S:(m + 1) * P * S], sum(map(len, ids)), S, memo)
+        timing["perturb"] += t1 - t0
+        timing["generate"] += time.time() - t1
         return out
     for n in members:
         t0 = time.time()
         perturb(params, master, args.seed, t, n, args.sigma, args.antithetic)
         t1 = time.time()
         s = passk.sample(model, tok, prompts, **kw)
-        out[n] = member_scores(task, examples, s.texts, s.tokens, S)
+        out[n] = member_scores(task, examples, s.texts, s.tokens, S, memo)
         timing["perturb"] += t1 - t0
         timing["generate"] += time.time() - t1
     t0 = time.time()
@@ -473,7 +515,7 @@ def setup_distributed(args):
 # ---- the loop -----------------------------------------------------------------------------------------------------
 def train(args, model=None, tokenizer=None, evaluate_start=True):
     """Run ES; returns (model, tokenizer), the model holding the fp32 master weights. model/tokenizer: already loaded
-    (e.g. by a schedule), else args.model is loaded; evaluate_start=False skips the held-out evaluation at iteration 0."""
+    (e.g. by a schedule), else args.model is loaded; evaluate_start=False skips the held-out eval at iteration 0."""
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)

@@ -93,6 +93,8 @@ COUNTDOWN = [  # (completion, numbers, target, expected reward)
 def test_countdown_reward(completion, numbers, target, expected):
     start = time.time()
     assert verify.countdown_reward(completion, numbers, target) == expected
+    task, ex = verify.get_task('countdown'), {'numbers': numbers, 'target': target}
+    assert task.reward(completion, ex) == expected and task.judge(completion, ex)[0] == expected  # one rule
     assert time.time() - start < 5  # a hang guard, not a benchmark
 
 
@@ -666,7 +668,7 @@ def test_es_perturb_then_restore_is_bit_exact(toy_model, dtype):
     for cycle in range(5):
         es.perturb(params, master, seed=0, t=cycle, n=cycle, sigma=0.01, antithetic=False)
         k0 = next(iter(params))
-        expected = (master[k0] + 0.01 * es.noise(0, cycle, cycle, k0, master[k0])).to(dtype)
+        expected = torch.add(master[k0], es.noise(0, cycle, cycle, k0, master[k0]), alpha=0.01).to(dtype)
         assert torch.equal(params[k0].detach(), expected)  # working = master + sigma * eps
         es.restore(params, master)
     assert all(torch.equal(before[k], p.detach()) for k, p in params.items())

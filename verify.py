@@ -645,12 +645,16 @@ class Task:
         return chosen[:max(n, 0)]
 
     def reward(self, completion: str, example: dict) -> float:
+        return self.judge(completion, example)[0]
+
+    def judge(self, completion: str, example: dict):
+        """(reward, parts, answer) of one completion, each parse done once: what a trainer needs of it."""
         parts = self.parts(completion, example)
-        return 1.0 if parts['answer'] else self.format_bonus * parts['format']
+        return (1.0 if parts['answer'] else self.format_bonus * parts['format']), parts, self.answer(completion, example)
 
 
 class CountdownTask(Task):
-    name = 'countdown'
+    name, format_bonus = 'countdown', 0.1  # the TinyZero rule: countdown_reward (tested equal)
 
     def from_row(self, row, where):
         numbers, target = _field(row, where, 'nums', 'numbers'), _field(row, where, 'target')
@@ -686,9 +690,6 @@ class CountdownTask(Task):
         return ('A conversation between User and Assistant. The user asks a question, and the Assistant solves it. '
                 'The assistant first thinks about the reasoning process in the mind and then provides the user with '
                 f'the answer.\nUser: {text}\nAssistant: Let me solve this step by step.\n<think>')
-
-    def reward(self, completion, example):  # the TinyZero rule, kept in one place
-        return countdown_reward(completion, example['numbers'], example['target'])
 
     def parts(self, completion, example):
         answer = extract_answer_tag(completion)

@@ -1,0 +1,454 @@
+"""bench.py: what ES and GRPO cost, measured side by side in one run, as ratios against bounds and against rivals.
+
+    a. perturb + restore of every weight, against torch.randn filling as many elements plus one copy (the bound);
+    b. scoring a population (N members x P prompts, greedy) against the same N*P rows through passk.sample in one
+       call with the unperturbed model (plain batched inference): full-rank members one after another, and low-rank
+       members all in one batched generation (es.py --noise lowrank), for N = 8, 32, 128;
+    c. grpo.py's step against TRL's GRPOTrainer (same model, prompts, group, max tokens, loss, lr), and the held-out
+       Pass@1 both reach in the same number of steps; es.py's iteration against the ES loop of the reference code of
+       Qiu et al. (HF generate, in-place perturbation, restore by subtraction), re-implemented here;
+    d. peak memory of an ES iteration against a GRPO step on the same model and prompt batch, each in a fresh
+       process (peak RSS over the loaded model on CPU; max allocated on GPU);
+    e. held-out Pass@1 against sampled generations and against seconds, ES vs GRPO (the paper's missing cost figure):
+       OUT/bench_cost.png;
+    f. how the cost grows: seconds per ES iteration against population size and against model size (three sizes
+       built by toy.py, cached in OUT/models).
+
+    python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
+    python bench.py --quick      # the same pipeline, tiny (a test runs it)
+    pip install -r requirements-bench.txt   # TRL, for part c (benchmark only: not a requirement of the project)
+
+Times are medians over --repeats runs, with the spread (min..max); each bound is measured right beside its
+candidate, alternating, so that load from elsewhere on the machine falls on both.
+"""
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import es
+import grpo
+import passk
+import verify
+
+
+@dataclass
+class Args:
+    model: str = passk.DEFAULT_MODEL
+    """model for parts a-e (directory or hub id); default: the embedded model"""
+    out: str = "runs/bench"
+    """output directory: bench.jsonl, bench_cost.png, runs/ and models/ (cached toy sizes)"""
+    quick: bool = False
+    """tiny sizes and one repeat, to test the pipeline (the figures mean nothing)"""
+    repeats: int = 3
+    """timed repeats per measurement (median and spread); in [1, inf)"""
+    parts: str = "a,b,c,d,e,f"
+    """comma list of parts to run, each one of a, b, c, d, e, f"""
+    prompts: int = 128
+    """P, prompts per ES iteration (es.py's default); in [1, inf)"""
+    populations: str = "8,32,128"
+    """comma list of population sizes N for parts b and f"""
+    grpo_steps: int = 150
+    """c and e: GRPO steps of grpo.py and of TRL (grpo.py's default); in [1, inf)"""
+    es_iterations: int = 50
+    """e: ES iterations of the cost curve; in [1, inf)"""
+    batch_size: int = 512
+    """rows per generation batch everywhere (es.py's default); in [1, inf)"""
+    threads: int = 0
+    """torch CPU threads (0: torch's default); in [0, inf)"""
+    device: str = ""
+    """cpu, cuda, cuda:N ('': cuda when available, else cpu)"""
+    worker: str = ""
+    """internal: measure one ES iteration or GRPO step in this process for part d (bench.py starts these itself)"""
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def paired(candidate, bound, repeats):
+    """Median and spread of each, measured alternately; the ratio of the medians."""
+    c, b = [], []
+    for _ in range(repeats):
+        b.append(timed(bound))
+        c.append(timed(candidate))
+    return {"median": statistics.median(c), "min": min(c), "max": max(c), "bound_median": statistics.median(b),
+            "bound_min": min(b), "bound_max": max(b), "ratio": statistics.median(c) / statistics.median(b),
+            "ratios": [x / y for x, y in zip(c, b)]}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args, self.records = args, []
+        self.device = passk.check_device(args.device)
+        self.model, self.tok = passk.load_model(args.model, "fp32", self.device)
+        self.task = verify.get_task("toy")
+        self.examples = self.task.examples("train", args.prompts, seed=1)
+        self.prompts = [self.task.prompt(ex) for ex in self.examples]
+        self.master = {k: p.detach().float().clone() for k, p in self.model.named_parameters()}
+        self.params = dict(self.model.named_parameters())
+
+    def record(self, part, name, **values):
+        rec = {"part": part, "name": name, **values}
+        self.records.append(rec)
+        with open(os.path.join(self.args.out, "bench.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items() if not isinstance(v, list)}
+        print(f"[{part}] {name}: {shown}", flush=True)
+
+    def es_args(self, **kw):
+        return es.Args(model=self.args.model, prompts=self.args.prompts, temperature=0.0,
+                       batch_size=self.args.batch_size, **kw)
+
+    # ---- a. perturb + restore -------------------------------------------------------------------------------------
+    def part_a(self):
+        n = sum(p.numel() for p in self.params.values())
+        buf, dst = torch.empty(n, device=self.device), torch.empty(n, device=self.device)
+        g = torch.Generator(self.device).manual_seed(0)
+
+        def ours():
+            es.perturb(self.params, self.master, 0, 0, 3, 0.02, False)
+            es.restore(self.params, self.master)
+        r = paired(ours, lambda: (torch.randn(n, generator=g, out=buf), dst.copy_(buf)), self.args.repeats * 5)
+        self.record("a", "perturb+restore vs randn+copy", params=n, **r)
+
+    # ---- b. scoring a population ---------------------------------------------------------------------------------
+    def score(self, noise, N):
+        a = self.es_args(noise=noise, population=N)
+        timing = {"perturb": 0.0, "generate": 0.0}
+        es.score_members(self.model, self.tok, self.task, self.examples, list(range(N)), self.master, self.params,
+                         a, 0, timing)
+        return timing
+
+    def part_b(self):
+        for N in self.populations():
+            def bound():
+                passk.sample(self.model, self.tok, self.prompts * N, n=1, temperature=0,
+                             max_new_tokens=16, batch_size=self.args.batch_size, entropy=False)
+            for noise in ("full", "lowrank"):
+                r = paired(lambda: self.score(noise, N), bound, self.args.repeats)
+                self.record("b", f"population eval {noise} N={N} vs batched inference", N=N, P=len(self.prompts),
+                            rows=N * len(self.prompts), **r)
+
+    # ---- c. against TRL and against the reference ES loop ----------------------------------------------------------
+    def grpo_run(self, steps, name, eval_every=0):
+        out = os.path.join(self.args.out, "runs", name)
+        a = grpo.Args(model=self.args.model, iterations=steps, eval_every=eval_every, out=out,
+                      batch_size=self.args.batch_size, threads=self.args.threads, device=self.args.device,
+                      eval_problems=self.eval_problems())
+        grpo.train(a)
+        return es.read_log(os.path.join(out, "log.jsonl"))
+
+    def eval_problems(self):
+        return 20 if self.args.quick else 200
+
+    def trl_run(self, steps):
+        """TRL's GRPOTrainer with grpo.py's defaults: 32 prompts x 8 completions per optimizer step, generated in one
+        call and split into 4 micro-batches of 64 (grpo.py's --micro-batch), token-mean ('dapo') loss, beta 0,
+        group-std scaling, eps 0.2, lr 2e-4 constant, AdamW (0.9, 0.999, 1e-8), no weight decay, clip 1.0, T = 1."""
+        try:
+            from datasets import Dataset
+            from transformers import TrainerCallback
+            from trl import GRPOConfig, GRPOTrainer
+        except ImportError:
+            return None
+        pool = self.task.examples("train", 2000, seed=grpo.stream_seed(0, "train"))  # grpo.py's pool, --seed 0
+        ds = Dataset.from_list([{"prompt": self.task.prompt(ex), "numbers": ex["numbers"], "target": ex["target"]}
+                                for ex in pool])
+        task = self.task
+
+        def reward(prompts, completions, numbers, target, **kw):  # the completion only, as grpo.py
+            return [task.reward(c, {"numbers": n, "target": t}) for c, n, t in zip(completions, numbers, target)]
+        model, tok = passk.load_model(self.args.model, "fp32", "cpu")
+        cfg = GRPOConfig(output_dir=os.path.join(self.args.out, "runs", "trl"), use_cpu=self.device == "cpu",
+                         bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+                         max_steps=steps, seed=0, per_device_train_batch_size=64, gradient_accumulation_steps=4,
+                         num_generations=8, max_completion_length=16, temperature=1.0, top_p=1.0, top_k=0,
+                         learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+                         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
+                         epsilon=0.2, num_iterations=1, gradient_checkpointing=False)
+        stamps = []
+
+        class Stamp(TrainerCallback):
+            def on_step_end(self, *a, **kw):
+                stamps.append(time.perf_counter())
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
+                              callbacks=[Stamp()])
+        t0 = time.perf_counter()
+        trainer.train()
+        steps_s = np.diff([t0] + stamps).tolist()
+        model.eval()
+        held_out = self.task.examples("test", self.eval_problems(), seed=1234)
+        summary, _ = passk.evaluate(model, tok, self.task, held_out, n=16, batch_size=self.args.batch_size,
+                                    seed=passk.EVAL_SEED)
+        return steps_s, summary
+
+    def part_c(self):
+        steps = self.args.grpo_steps
+        lines = self.grpo_run(steps, "grpo-c")
+        train = [r for r in lines if r["type"] == "train"]
+        ours = np.diff([0.0] + [r["wall"] for r in train]).tolist()
+        ours_eval = [r for r in lines if r["type"] == "eval"][-1]
+        trl = self.trl_run(steps)
+        skip = min(4, steps - 1)  # the first steps warm up
+        rec = {"steps": steps, "median": statistics.median(ours[skip:]), "min": min(ours[skip:]),
+               "max": max(ours[skip:]), "pass@1": ours_eval["pass@1"]}
+        if trl is None:
+            self.record("c", "grpo.py step (TRL not installed: pip install -r requirements-bench.txt)", **rec)
+        else:
+            t, summary = trl
+            self.record("c", "grpo.py step vs TRL GRPOTrainer step", **rec, trl_median=statistics.median(t[skip:]),
+                        trl_min=min(t[skip:]), trl_max=max(t[skip:]), trl_pass_at_1=summary["pass@1"],
+                        speedup=statistics.median(t[skip:]) / rec["median"])
+        its = 2 if self.args.quick else 4
+        for noise in ("full", "lowrank"):
+            out = os.path.join(self.args.out, "runs", f"es-c-{noise}")
+            es.train(self.es_args(noise=noise, iterations=its, eval_every=0, eval_problems=1, out=out,
+                                  threads=self.args.threads, device=self.args.device))
+            train = [r for r in es.read_log(os.path.join(out, "log.jsonl")) if r["type"] == "train"]
+            walls = np.diff([0.0] + [r["wall"] for r in train]).tolist()[1:]
+            ref = [timed(lambda: reference_es_iteration(self.model, self.tok, self.task, self.examples, seed))
+                   for seed in range(its - 1)]
+            self.record("c", f"es.py iteration ({noise}) vs the reference ES loop", median=statistics.median(walls),
+                        min=min(walls), max=max(walls), reference_median=statistics.median(ref),
+                        reference_min=min(ref), reference_max=max(ref),
+                        speedup=statistics.median(ref) / statistics.median(walls))
+
+    # ---- d. peak memory ---------------------------------------------------------------------------------------------
+    def part_d(self):
+        for job in ("es-full", "es-lowrank", "grpo"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", job, "--model", self.args.model,
+                   "--prompts", str(self.args.prompts), "--batch-size", str(self.args.batch_size),
+                   "--threads", str(self.args.threads), "--device", self.args.device]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if r.returncode:
+                raise RuntimeError(f"memory worker {job} failed: {r.stderr.strip().splitlines()[-1:]}")
+            self.record("d", f"peak memory: {job}", **json.loads(r.stdout.strip().splitlines()[-1]))
+
+    # ---- e. Pass@1 against generations and seconds ------------------------------------------------------------------
+    def part_e(self):
+        every = max(1, self.args.grpo_steps // 6)
+        grpo_lines = self.grpo_run(self.args.grpo_steps, "grpo-e", eval_every=every)
+        curves = {"grpo": grpo_lines}
+        for noise in ("full", "lowrank"):
+            out = os.path.join(self.args.out, "runs", f"es-e-{noise}")
+            es.train(self.es_args(noise=noise, iterations=self.args.es_iterations,
+                                  eval_every=max(1, self.args.es_iterations // 5), out=out,
+                                  eval_problems=self.eval_problems(), threads=self.args.threads,
+                                  device=self.args.device))
+            curves[f"es-{noise}"] = es.read_log(os.path.join(out, "log.jsonl"))
+        points = {}
+        for name, lines in curves.items():
+            pts, gens, wall = [], 0, 0.0
+            for r in lines:
+                if r["type"] == "train":
+                    gens, wall = r["generations"], r["wall"]
+                elif r["type"] == "eval":
+                    pts.append((gens, wall, r["pass@1"], r["pass@16"]))
+            points[name] = pts
+            self.record("e", f"held-out pass@1 over training: {name}", generations=[p[0] for p in pts],
+                        seconds=[p[1] for p in pts], pass_at_1=[p[2] for p in pts], pass_at_16=[p[3] for p in pts],
+                        final_pass_at_1=pts[-1][2], final_generations=pts[-1][0], final_seconds=pts[-1][1])
+        plt = passk.pyplot("bench.py part e")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for name, pts in points.items():
+            axes[0].plot([max(p[0], 1) for p in pts], [p[2] for p in pts], marker="o", label=name)
+            axes[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=name)
+        axes[0].set_xscale("log")
+        axes[0].set_xlabel("sampled generations (training)")
+        axes[1].set_xlabel("seconds (training loop, this machine)")
+        for ax in axes:
+            ax.set_ylabel("held-out pass@1")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(self.args.out, "bench_cost.png"), dpi=120)
+        plt.close(fig)
+
+    # ---- f. cost growth ---------------------------------------------------------------------------------------------
+    def part_f(self):
+        scratch = {k: v.clone() for k, v in self.master.items()}  # the updates land here, not on the bench's model
+        for N in self.populations():
+            for noise in ("full", "lowrank"):
+                a = self.es_args(noise=noise, population=N)
+                fit = es.shape_fitness(np.arange(N, dtype=float))
+                t = [timed(lambda: (self.score(noise, N), es.es_update(scratch, fit, a, 0)))
+                     for _ in range(self.args.repeats)]
+                self.record("f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
+                            min=min(t), max=max(t), per_member=statistics.median(t) / N)
+        import toy
+        sizes = [(32, 1, 96), (64, 2, 192)] if self.args.quick else [(64, 2, 192), (128, 4, 384), (256, 6, 768)]
+        for hidden, layers, inter in sizes:
+            path = os.path.join(self.args.out, "models", f"toy-h{hidden}-l{layers}")
+            if not os.path.exists(os.path.join(path, "config.json")):
+                toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=inter, heads=4 if hidden >= 64
+                                  else 2, steps=20 if self.args.quick else 300, eval_problems=0,
+                                  threads=self.args.threads))
+            model, tok = passk.load_model(path, "fp32", self.device)
+            master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+            params = dict(model.named_parameters())
+            scratch = {k: v.clone() for k, v in master.items()}
+            for noise in ("full", "lowrank"):
+                a = self.es_args(noise=noise, population=8 if self.args.quick else 30)
+                fit = es.shape_fitness(np.arange(a.population, dtype=float))
+
+                def iteration():
+                    timing = {"perturb": 0.0, "generate": 0.0}
+                    es.score_members(model, tok, self.task, self.examples, list(range(a.population)), master,
+                                     params, a, 0, timing)
+                    es.es_update(scratch, fit, a, 0)
+                t = [timed(iteration) for _ in range(self.args.repeats)]
+                self.record("f", f"ES iteration vs model size: {noise} {sum(p.numel() for p in params.values())}"
+                            f" params", params=sum(p.numel() for p in params.values()), hidden=hidden,
+                            layers=layers, median=statistics.median(t), min=min(t), max=max(t))
+
+    def populations(self):
+        return [4] if self.args.quick else [int(x) for x in self.args.populations.split(",")]
+
+
+def reference_es_iteration(model, tok, task, examples, seed, population=30, sigma=0.02, alpha=0.008):
+    """One iteration of the ES loop of Qiu et al.'s public code (countdown/es_fine-tuning_countdown.py), on a copy:
+    per member, every tensor gets torch.randn from a generator seeded with the member's seed, added in place; one
+    model.generate call on all prompts (greedy, left padding); restore by subtracting the regenerated noise; z-scored
+    rewards; the update regenerates each member's noise per tensor. Rewards here read the completion only."""
+    rng = np.random.RandomState(seed)
+    seeds = rng.randint(0, 2 ** 30, size=population).tolist()
+    prompts = [task.prompt(ex) for ex in examples]
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left").to(next(model.parameters()).device)
+
+    def add_noise(s, scale):
+        for p in model.parameters():
+            g = torch.Generator(p.device).manual_seed(int(s))
+            p.data.add_(scale * torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype))
+    rewards = []
+    for s in seeds:
+        add_noise(s, sigma)
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        rewards.append(float(np.mean([task.reward(t, ex) for t, ex in zip(texts, examples)])))
+        add_noise(s, -sigma)
+    r = np.asarray(rewards, dtype=np.float32)
+    z = (r - r.mean()) / (r.std() + 1e-8)
+    for p in model.parameters():
+        update = torch.zeros_like(p)
+        for s, f in zip(seeds, z):
+            g = torch.Generator(p.device).manual_seed(int(s))
+            update.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * float(f))
+        p.data.add_(alpha * update / population)
+
+
+def worker(args):
+    """Part d in a fresh process: the peak RSS an ES iteration or a GRPO step adds over the loaded model."""
+    device = passk.check_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = passk.load_model(args.model, "fp32", device)
+    task = verify.get_task("toy")
+    examples = task.examples("train", args.prompts, seed=1)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    if args.worker.startswith("es"):
+        a = es.Args(noise=args.worker.split("-")[1], prompts=args.prompts, temperature=0.0, batch_size=args.batch_size)
+        master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+        timing = {"perturb": 0.0, "generate": 0.0}
+        scores = es.score_members(model, tok, task, examples, list(range(a.population)), master,
+                                  dict(model.named_parameters()), a, 0, timing)
+        es.es_update(master, es.shape_fitness([scores[n]["reward"] for n in range(a.population)]), a, 0)
+        what = f"one ES iteration: N={a.population} x P={args.prompts} greedy, noise {a.noise}"
+    else:
+        a = grpo.Args(prompts=args.prompts, batch_size=args.batch_size)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+        s = passk.sample(model, tok, [task.prompt(ex) for ex in examples], n=a.group, temperature=1.0,
+                         max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, seed=0)
+        rewards = torch.tensor([task.reward(c, examples[i // a.group]) for i, c in enumerate(s.texts)])
+        adv = grpo.advantages(rewards.view(-1, a.group)).reshape(-1)
+        ids, attn, comp = grpo.pack(s.prompt_ids, s.completion_ids, tok.pad_token_id)
+        model.train()
+        grpo.backward_step(model, (ids.to(device), attn.to(device), comp.float().to(device), adv.to(device)), None,
+                           None, a, len(s.texts), float(comp.sum()))
+        opt.step()
+        what = f"one GRPO step: P={args.prompts} x G={a.group}, micro-batch {a.micro_batch}, AdamW"
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rec = {"what": what, "model_params": sum(p.numel() for p in model.parameters()),
+           "peak_rss_mb_over_model": (peak - base_rss) / 1024, "peak_rss_mb": peak / 1024}
+    if device.startswith("cuda"):
+        rec["cuda_max_allocated_mb_over_model"] = (torch.cuda.max_memory_allocated() - base_cuda) / 2 ** 20
+    print(json.dumps(rec))
+
+
+def print_table(records):
+    print("\n== bench: medians (min..max) ==")
+    for r in records:
+        if r["part"] == "e":
+            print(f"[e] {r['name']}: final pass@1 {r['final_pass_at_1']:.3f} after {r['final_generations']} "
+                  f"generations, {r['final_seconds']:.0f} s")
+            continue
+        if r["part"] == "d":
+            print(f"[d] {r['what']}: +{r['peak_rss_mb_over_model']:.0f} MB RSS over the loaded model"
+                  + (f", +{r['cuda_max_allocated_mb_over_model']:.0f} MB CUDA" if "cuda_max_allocated_mb_over_model"
+                     in r else ""))
+            continue
+        line = f"[{r['part']}] {r['name']}: {r['median']:.4g} s ({r['min']:.4g}..{r['max']:.4g})"
+        if "bound_median" in r:
+            line += f"; bound {r['bound_median']:.4g} s; ratio {r['ratio']:.2f} ({min(r['ratios']):.2f}.." \
+                    f"{max(r['ratios']):.2f})"
+        if "trl_median" in r:
+            line += f"; TRL {r['trl_median']:.4g} s ({r['trl_min']:.4g}..{r['trl_max']:.4g}): {r['speedup']:.2f}x; " \
+                    f"held-out pass@1 after {r['steps']} steps: grpo.py {r['pass@1']:.3f}, TRL {r['trl_pass_at_1']:.3f}"
+        if "reference_median" in r:
+            line += f"; reference loop {r['reference_median']:.4g} s: {r['speedup']:.2f}x"
+        print(line)
+
+
+def run(args):
+    passk.check_fields(args)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or set(parts) - set("abcdef"):
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f; got {args.parts!r}")
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args = dataclasses.replace(args, repeats=1, prompts=16, grpo_steps=8, es_iterations=3)
+    passk.check_writable(args.out)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import shutil
+    shutil.rmtree(os.path.join(args.out, "runs"), ignore_errors=True)  # bench.py's own training runs, redone
+    os.makedirs(args.out, exist_ok=True)
+    open(os.path.join(args.out, "bench.jsonl"), "w").close()
+    b = Bench(args)
+    t0 = time.perf_counter()
+    for part in parts:
+        getattr(b, f"part_{part}")()
+    print_table(b.records)
+    print(f"bench: {time.perf_counter() - t0:.0f} s; {os.path.join(args.out, 'bench.jsonl')}")
+    return b.records
+
+
+def main(args):
+    try:
+        return run(args)
+    except verify.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv=None):
+    return passk.parse_flags(Args, argv, __doc__)
+
+
+if __name__ == "__main__":
+    main(parse_args())
