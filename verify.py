@@ -650,7 +650,8 @@ class Task:
     def judge(self, completion: str, example: dict):
         """(reward, parts, answer) of one completion, each parse done once: what a trainer needs of it."""
         parts = self.parts(completion, example)
-        return (1.0 if parts['answer'] else self.format_bonus * parts['format']), parts, self.answer(completion, example)
+        reward = 1.0 if parts['answer'] else self.format_bonus * parts['format']
+        return reward, parts, self.answer(completion, example)
 
 
 class CountdownTask(Task):
@@ -782,6 +783,71 @@ class MathTask(Task):
         return None if boxed is None or len(boxed) > MAX_CHARS else _normalize(boxed)
 
 
+# ---- reasoning-gym tasks (optional package, Apache-2.0), scored by this module's own verifiers -----------------------
+class ReasoningGymTask(Task):
+    """`rg:NAME` with options after '?' (`rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1`): the
+    seeded problem generators of reasoning-gym 0.1.25 (pip install -r requirements-llm.txt). Only its problems and
+    reference answers are used; its scorers are not, because some evaluate the text they score (its countdown scorer
+    runs sympy's parse_expr, which calls eval). Here: datasets whose reference answer is a number are scored by the
+    final number of the completion (after '####', else in the last \\boxed{}, else the last number), compared
+    exactly; `rg:countdown` by this module's Countdown checker on the completion's last line. A well-formed answer
+    that is wrong earns 0.1, as in the other tasks. Train and test are split by a stable hash of the question."""
+    format_bonus = 0.1
+
+    def __init__(self, dataset: str, data: str | None = None, **options):
+        try:
+            import reasoning_gym
+        except ImportError:
+            raise UsageError(f'--task rg:{dataset} needs the optional package reasoning-gym: '
+                             f'pip install -r requirements-llm.txt') from None
+        super().__init__(None)
+        self.name, self.dataset, self.settings, self.rg = f'rg:{dataset}', dataset, options, reasoning_gym
+        probe = self._entries(seed=0, size=8)
+        self.kind = 'countdown' if dataset == 'countdown' else 'number'
+        if self.kind == 'number' and any(to_fraction(str(e['answer']).replace(',', '')) is None for e in probe):
+            raise UsageError(f'rg:{dataset}: its answers are not numbers, and this project has its own verifier only '
+                             f'for numeric answers and for countdown')
+
+    def _entries(self, seed, size):
+        try:
+            return list(self.rg.create_dataset(self.dataset, seed=seed, size=size, **self.settings))
+        except Exception as e:  # unknown dataset, bad option name or value: reasoning-gym's own message, one line
+            raise UsageError(f"rg:{self.dataset}: {' '.join(str(e).split())[:200] or type(e).__name__}") from None
+
+    def generate(self, split, n, seed):
+        size = max(16, 6 * n if split == 'test' else 2 * n)
+        while True:
+            out = [{'question': e['question'], 'answer': str(e['answer']), **{k: e['metadata'][k] for k in
+                    ('numbers', 'target') if k in e['metadata']}} for e in self._entries(seed, size)
+                   if split in ('all', 'test' if _stable_hash(e['question']) % 5 == 0 else 'train')]
+            if len(out) >= n or size > 50 * n + 1000:
+                return out[:n]
+            size *= 2
+
+    def prompt(self, example, tokenizer=None):
+        return _chat(example['question'], tokenizer) or example['question']
+
+    def _expression(self, completion):
+        lines = [x.strip() for x in completion.strip().splitlines() if x.strip()] if isinstance(completion, str) else []
+        return lines[-1].split('=')[0].rstrip('. ') if lines else ''
+
+    def parts(self, completion, example):
+        if self.kind == 'countdown':
+            well_formed, correct = check_expression(self._expression(completion), example['numbers'],
+                                                    example['target'])
+            return {'format': float(well_formed), 'answer': float(correct)}
+        value = _gsm8k_number(completion) if isinstance(completion, str) else None
+        gold = to_fraction(example['answer'].replace(',', ''))
+        return {'format': float(value is not None), 'answer': float(value is not None and value == gold)}
+
+    def answer(self, completion, example):
+        if self.kind == 'countdown':
+            text = self._expression(completion)
+            return re.sub(r'\s', '', text) if _parse_arith(text) is not None else None
+        value = _gsm8k_number(completion) if isinstance(completion, str) else None
+        return None if value is None else _canonical_number(value)
+
+
 # ---- The toy task (toy.py reproduces this distribution and split; test_all.py checks that) -------------------------
 def toy_problem(rng: random.Random, min_target: int = 0, max_target: int = 99) -> dict:
     """Draw one toy problem. Exactly, in this order: numbers = [rng.randint(1, 9) for 3]; a, b, c =
@@ -868,7 +934,7 @@ def _option_value(text: str):
 
 
 def get_task(name: str, data: str | None = None) -> Task:
-    """A task by name, with options after '?': 'toy', 'toy?min_target=100,max_target=729'."""
+    """A task by name, options after '?': 'toy', 'toy?min_target=100,max_target=729', 'rg:chain_sum?min_terms=2'."""
     base, _, text = name.partition('?')
     options = {}
     for item in filter(None, (x.strip() for x in text.split(','))):
@@ -876,8 +942,10 @@ def get_task(name: str, data: str | None = None) -> Task:
         if not eq or not key.strip():
             raise UsageError(f"task options are key=value pairs after '?', joined by commas; got {item!r} in {name!r}")
         options[key.strip()] = _option_value(value.strip())
+    if base.startswith('rg:') and len(base) > 3:
+        return ReasoningGymTask(base[3:], data, **options)
     if base not in TASKS:
-        raise UsageError(f"unknown task '{base}' (choose from: {', '.join(TASKS)})")
+        raise UsageError(f"unknown task '{base}' (choose from: {', '.join(TASKS)}, rg:NAME)")
     accepted = getattr(TASKS[base], 'options', {})
     unknown = sorted(set(options) - set(accepted))
     if unknown:
