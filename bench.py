@@ -58,8 +58,8 @@ class Args:
     """comma list of population sizes N for parts b and f"""
     grpo_steps: int = 150
     """c and e: GRPO steps of grpo.py and of TRL (grpo.py's default); in [1, inf)"""
-    es_iterations: int = 50
-    """e: ES iterations of the cost curve; in [1, inf)"""
+    es_iterations: int = 25
+    """e: ES iterations of each cost curve (full-rank and low-rank); in [1, inf)"""
     batch_size: int = 512
     """rows per generation batch everywhere (es.py's default); in [1, inf)"""
     threads: int = 0
@@ -195,7 +195,8 @@ class Bench:
 
     def part_c(self):
         steps = self.args.grpo_steps
-        lines = self.grpo_run(steps, "grpo-c")
+        lines = self.grpo_run(steps, "grpo", eval_every=max(1, steps // 6))  # part e's GRPO curve too
+        self.grpo_lines = lines
         train = [r for r in lines if r["type"] == "train"]
         ours = np.diff([0.0] + [r["wall"] for r in train]).tolist()
         ours_eval = [r for r in lines if r["type"] == "eval"][-1]
@@ -237,8 +238,9 @@ class Bench:
 
     # ---- e. Pass@1 against generations and seconds ------------------------------------------------------------------
     def part_e(self):
-        every = max(1, self.args.grpo_steps // 6)
-        grpo_lines = self.grpo_run(self.args.grpo_steps, "grpo-e", eval_every=every)
+        grpo_lines = getattr(self, "grpo_lines", None)  # part c's run, when it ran
+        if grpo_lines is None:
+            grpo_lines = self.grpo_run(self.args.grpo_steps, "grpo", eval_every=max(1, self.args.grpo_steps // 6))
         curves = {"grpo": grpo_lines}
         for noise in ("full", "lowrank"):
             out = os.path.join(self.args.out, "runs", f"es-e-{noise}")
@@ -287,12 +289,14 @@ class Bench:
                 self.record("f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
                             min=min(t), max=max(t), per_member=statistics.median(t) / N)
         import toy
-        sizes = [(32, 1, 96), (64, 2, 192)] if self.args.quick else [(64, 2, 192), (128, 4, 384), (256, 6, 768)]
-        for hidden, layers, inter in sizes:
-            path = os.path.join(self.args.out, "models", f"toy-h{hidden}-l{layers}")
+        # (hidden, layers, pretraining steps of batch 64): enough for completions that end like the shipped
+        # model's; timing is what is measured here, not quality (tokens per iteration are reported beside)
+        sizes = [(32, 1, 5), (64, 2, 5)] if self.args.quick else [(64, 2, 200), (128, 4, 0), (256, 6, 150)]
+        for hidden, layers, steps in sizes:
+            path = os.path.join(self.args.out, "models", f"toy-h{hidden}-l{layers}") if steps else self.args.model
             if not os.path.exists(os.path.join(path, "config.json")):
-                toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=inter, heads=4 if hidden >= 64
-                                  else 2, steps=20 if self.args.quick else 300, eval_problems=0,
+                toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=3 * hidden,
+                                  heads=4 if hidden >= 64 else 2, steps=steps, batch=64, eval_problems=0,
                                   threads=self.args.threads))
             model, tok = passk.load_model(path, "fp32", self.device)
             master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
@@ -302,15 +306,19 @@ class Bench:
                 a = self.es_args(noise=noise, population=8 if self.args.quick else 30)
                 fit = es.shape_fitness(np.arange(a.population, dtype=float))
 
+                tokens = []
+
                 def iteration():
                     timing = {"perturb": 0.0, "generate": 0.0}
-                    es.score_members(model, tok, self.task, self.examples, list(range(a.population)), master,
-                                     params, a, 0, timing)
+                    scores = es.score_members(model, tok, self.task, self.examples, list(range(a.population)),
+                                              master, params, a, 0, timing)
                     es.es_update(scratch, fit, a, 0)
+                    tokens.append(sum(s["tokens"] for s in scores.values()))
                 t = [timed(iteration) for _ in range(self.args.repeats)]
                 self.record("f", f"ES iteration vs model size: {noise} {sum(p.numel() for p in params.values())}"
                             f" params", params=sum(p.numel() for p in params.values()), hidden=hidden,
-                            layers=layers, median=statistics.median(t), min=min(t), max=max(t))
+                            layers=layers, median=statistics.median(t), min=min(t), max=max(t),
+                            tokens_per_iteration=statistics.median(tokens))
 
     def populations(self):
         return [4] if self.args.quick else [int(x) for x in self.args.populations.split(",")]
@@ -348,6 +356,29 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
         p.data.add_(alpha * update / population)
 
 
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def rss_reset():
+    """The resident set now (kB), with the peak reset to it where Linux allows (clear_refs 5 resets VmHWM), so that
+    the peak read later is the step's, not the model load's; elsewhere ru_maxrss, an upper bound on both."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb("VmRSS")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def rss_peak():
+    try:
+        return _status_kb("VmHWM")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def worker(args):
     """Part d in a fresh process: the peak RSS an ES iteration or a GRPO step adds over the loaded model."""
     device = passk.check_device(args.device)
@@ -356,7 +387,7 @@ def worker(args):
     model, tok = passk.load_model(args.model, "fp32", device)
     task = verify.get_task("toy")
     examples = task.examples("train", args.prompts, seed=1)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = rss_reset()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
         base_cuda = torch.cuda.memory_allocated()
@@ -381,7 +412,7 @@ def worker(args):
                            None, a, len(s.texts), float(comp.sum()))
         opt.step()
         what = f"one GRPO step: P={args.prompts} x G={a.group}, micro-batch {a.micro_batch}, AdamW"
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_peak()
     rec = {"what": what, "model_params": sum(p.numel() for p in model.parameters()),
            "peak_rss_mb_over_model": (peak - base_rss) / 1024, "peak_rss_mb": peak / 1024}
     if device.startswith("cuda"):
@@ -418,6 +449,7 @@ def run(args):
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set("abcdef"):
         raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f; got {args.parts!r}")
+    passk.check_device(args.device)
     if args.worker:
         return worker(args)
     if args.quick:

@@ -275,11 +275,18 @@ class MemberRows:
                 getattr(zero, pn).zero_()
             probe = torch.randn(2, 3, getattr(module, pn).shape[0], dtype=getattr(module, pn).dtype)
             with torch.no_grad():
-                units[pn] = (one, None if bool((zero(probe) == 0).all()) else zero)
+                linear = len(eps_rows) == 1 and bool((zero(probe) == 0).all())  # out = w * x-hat, as RMSNorm
+                weight = getattr(module, pn)
+                # out / w is x-hat (to an ulp) at the cost of one op, where no weight is exactly 0
+                units[pn] = ("divide", weight) if linear and bool((weight != 0).all()) else \
+                    ("unit", one, None if linear else zero)
 
         def hook(module, inputs, out):
-            for pn, (one, zero) in units.items():
-                direction = one(inputs[0]) if zero is None else one(inputs[0]) - zero(inputs[0])
+            for pn, unit in units.items():
+                if unit[0] == "divide":
+                    direction = out / unit[1]
+                else:
+                    direction = unit[1](inputs[0]) if unit[2] is None else unit[1](inputs[0]) - unit[2](inputs[0])
                 out = out.addcmul_(eps_rows[pn][0], direction)
             return out
         return hook

@@ -180,6 +180,17 @@ def aggregate(per_token, mask, kind, n_seqs, n_tokens, max_new_tokens):
     raise verify.UsageError(f"unknown --loss {kind!r} (choose from: grpo, dapo, dr_grpo)")
 
 
+def informative_rows(adv: torch.Tensor, beta: float) -> torch.Tensor:
+    """The rows worth a forward and backward pass. With no KL term (beta = 0) a completion whose advantage is exactly
+    0 (every completion of a group with no reward spread) adds exactly nothing to the gradient, at any ratio:
+    min(r * 0, clip(r) * 0) = 0. So it is not forwarded; the normalisers still count it, and the gradient is that of
+    the whole batch (tested). At least one row is kept, so that every DDP rank joins the gradient all-reduce."""
+    if beta > 0:
+        return torch.arange(len(adv), device=adv.device)
+    keep = (adv != 0).nonzero().squeeze(-1)
+    return keep if keep.numel() else keep.new_zeros(1)
+
+
 def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, world=1, autocast=None):
     """Accumulate the gradient of the step loss over micro-batches of args.micro_batch rows; returns sums for logging.
 
@@ -188,7 +199,7 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
     """
     ids, attn, comp, adv = batch
     B, mb = ids.shape[0], args.micro_batch
-    stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "entropy": 0.0}
+    stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0}
     for i in range(0, B, mb):
         sl = slice(i, i + mb)
         sync = model.no_sync() if world > 1 and i + mb < B else nullcontext()  # all-reduce once, at the end
@@ -206,7 +217,6 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
             loss.backward()
         m = comp[sl]
         with torch.no_grad():
-            stats["entropy"] += float((passk.token_entropy(logits, 1.0) * m).sum())  # logits are already / T
             stats["kl"] += float((kl * m).sum()) if ref_logp is not None else 0.0
             stats["clip"] += float((clipped.float() * m).sum())
             stats["loss"] += loss.item() / world
@@ -408,12 +418,15 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
         adv = adv.reshape(-1)  # [B] one advantage per completion
         ids, attn, comp = pack(s.prompt_ids, s.completion_ids, pad)
         ids, attn, comp, adv = ids.to(device), attn.to(device), comp.to(device).float(), adv.to(device)
-        batch_t = (ids, attn, comp, adv)
         # normalisers over the whole step: all micro-batches, all ranks (DDP averages gradients, hence * world)
         counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64, device=device)
         if world > 1:
             dist.all_reduce(counts)
         n_seqs, n_tokens = float(counts[0]), float(counts[1])
+        rows = informative_rows(adv, args.beta)  # skip what contributes exactly nothing
+        width = int(attn[rows].sum(1).max())  # and the padding columns no kept row reaches
+        ids, attn, comp, adv = ids[rows, :width], attn[rows, :width], comp[rows, :width - 1], adv[rows]
+        batch_t = (ids, attn, comp, adv)
         B, mb = ids.shape[0], args.micro_batch
         old_logp = ref_logp = None  # frozen log-probs of the rollout policy (inner epochs) and of the reference
         if args.inner_epochs > 1 or ref is not None:
@@ -426,22 +439,24 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
                                           for i in range(0, B, mb)])
         # 3.-4. loss, accumulated gradients, one AdamW step per inner epoch
         model.train()
-        stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0, "entropy": 0.0}
+        stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0}
         for epoch in range(args.inner_epochs):
             opt.zero_grad(set_to_none=True)
             for k, v in backward_step(ddp, batch_t, old_logp, ref_logp, args, n_seqs, n_tokens, world,
                                       autocast).items():
-                stats[k] += v if k in ("loss", "clip") or epoch == 0 else 0.0  # entropy, kl: of the rollout policy
+                stats[k] += v if k in ("loss", "clip") or epoch == 0 else 0.0  # kl: of the rollout policy
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
-        # step metrics summed over ranks (completions and their tokens are n_seqs, n_tokens above):
-        # generated tokens (EOS included), format, answer, entropy, clip, kl
+        # step metrics summed over ranks (completions and their tokens are n_seqs, n_tokens above): generated tokens
+        # (EOS included), format, answer, entropy (the sampler's, exact, of the rollout policy at the rollout
+        # temperature), clip, kl, rows forwarded
         sums = torch.tensor([s.tokens, sum(p["format"] for p in parts), sum(p["answer"] for p in parts),
-                             stats["entropy"], stats["clip"], stats["kl"]], dtype=torch.float64, device=device)
+                             sum(s.entropy_sum), stats["clip"], stats["kl"], float(B)], dtype=torch.float64,
+                            device=device)
         if world > 1:
             dist.all_reduce(sums)
-        n_gen, n_format, n_answer, ent, clip, kl = sums.tolist()
+        n_gen, n_format, n_answer, ent, clip, kl, n_rows = sums.tolist()
         n_comp, n_tok = n_seqs, n_tokens
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
@@ -457,6 +472,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
                    "token_entropy": ent / max(n_tok, 1), "clip_frac": clip / max(n_tok * args.inner_epochs, 1),
                    "kl": kl / max(n_tok, 1), "loss": stats["loss"] / args.inner_epochs,
                    "zero_std_frac": float((all_rewards.std(dim=1) == 0).float().mean()),
+                   "trained_frac": n_rows / n_comp,
                    "mean_length": n_tok / n_comp, "generations": gens, "tokens": tokens, "wall": wall,
                    "time_generate": t_gen, "time_update": time.time() - t0 - t_gen}
             log_line(log_path, rec)

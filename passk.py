@@ -323,9 +323,35 @@ def default_ks(n):
     return [2 ** i for i in range(int(math.log2(n)) + 1)]
 
 
+def maj_at_k(votes, n, k, draws=200, seed=0) -> float:
+    """Majority-vote accuracy of k samples out of the n drawn for one problem: the expected correctness of the most
+    frequent canonical answer among k of them chosen at random without replacement (ties share the credit; samples
+    with no answer do not vote). votes: {answer: (count, correct)}. Exact for k = n, else `draws` seeded subsets."""
+    ids, right = [], []
+    for j, (answer, (count, correct)) in enumerate(sorted(votes.items(), key=lambda x: repr(x[0]))):
+        ids += [j if answer is not None else -1] * count
+        right.append(bool(correct) and answer is not None)
+    ids, right = np.asarray(ids), np.asarray(right + [False])
+    if len(ids) != n:
+        raise ValueError(f"maj@k needs the votes of all {n} samples, got {len(ids)}")
+    rng = np.random.default_rng(seed)
+    picks = [np.arange(n)] if k == n else [rng.permutation(n)[:k] for _ in range(draws)]
+    credit = 0.0
+    for pick in picks:
+        chosen = ids[pick]
+        chosen = chosen[chosen >= 0]
+        if chosen.size == 0:
+            continue
+        counts = np.bincount(chosen, minlength=len(right) - 1)
+        top = np.flatnonzero(counts == counts.max())
+        credit += right[top].mean()
+    return credit / len(picks)
+
+
 def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, top_p=1.0, max_new_tokens=16,
-             batch_size=64, seed=0, progress=False, rank=0, world=1):
-    """Pass@k for each k, answer and token entropy, mean length and reward over n samples per problem.
+             batch_size=64, seed=0, progress=False, rank=0, world=1, maj=False):
+    """Pass@k for each k, answer and token entropy, mean length and reward over n samples per problem; with maj,
+    majority-vote accuracy maj@k for each k too (see maj_at_k).
 
     With world > 1 every rank samples the problems i with i % world == rank and the per-problem records are
     gathered (torch.distributed must be initialised); every rank returns the same summary.
@@ -339,18 +365,27 @@ def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, t
     for r, (i, ex) in enumerate(mine):
         texts = s.texts[r * n:(r + 1) * n]
         ids = s.completion_ids[r * n:(r + 1) * n]
-        answers = [task.answer(t, ex) for t in texts]
-        records.append({"index": i, "correct": sum(task.parts(t, ex)["answer"] >= 1.0 for t in texts),
-                        "reward": float(np.mean([task.reward(t, ex) for t in texts])),
-                        "answer_entropy": answer_entropy(answers),
-                        "entropy_sum": sum(s.entropy_sum[r * n:(r + 1) * n]), "tokens": sum(map(len, ids)),
-                        "example": texts[0]})
+        judged = [task.judge(t, ex) for t in texts]  # (reward, parts, canonical answer)
+        votes = {}
+        for _, parts, answer in judged:
+            count, correct = votes.get(answer, (0, False))
+            votes[answer] = (count + 1, correct or parts["answer"] >= 1.0)
+        rec = {"index": i, "correct": sum(p["answer"] >= 1.0 for _, p, _ in judged),
+               "reward": float(np.mean([r_ for r_, _, _ in judged])),
+               "answer_entropy": answer_entropy([a for _, _, a in judged]),
+               "entropy_sum": sum(s.entropy_sum[r * n:(r + 1) * n]), "tokens": sum(map(len, ids)),
+               "example": texts[0]}
+        if maj:
+            rec.update({f"maj@{k}": maj_at_k(votes, n, k, seed=i) for k in ks})
+        records.append(rec)
     if world > 1:
         gathered = [None] * world
         torch.distributed.all_gather_object(gathered, records)
         records = sorted((x for part in gathered for x in part), key=lambda x: x["index"])
     tokens = sum(x["tokens"] for x in records)
     summary = {f"pass@{k}": float(np.mean([pass_at_k(n, x["correct"], k) for x in records])) for k in ks}
+    if maj:
+        summary.update({f"maj@{k}": float(np.mean([x[f"maj@{k}"] for x in records])) for k in ks})
     summary.update(answer_entropy=float(np.mean([x["answer_entropy"] for x in records])),
                    token_entropy=sum(x["entropy_sum"] for x in records) / max(tokens, 1),
                    mean_length=tokens / (n * len(records)), reward=float(np.mean([x["reward"] for x in records])),
@@ -523,11 +558,11 @@ def run(args):
     model, tok = load_model(args.model, args.dtype, device)
     summary, records = evaluate(model, tok, task, examples, n=args.n, ks=ks, temperature=args.temperature,
                                 top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                seed=args.seed, progress=True)
+                                seed=args.seed, progress=True, maj=True)
     print(f"{args.model}  task={args.task}  problems={len(examples)}  n={args.n}  T={args.temperature}")
-    print("   k  pass@k")
+    print("   k  pass@k   maj@k")
     for k in ks:
-        print(f"{k:4d}  {summary[f'pass@{k}']:.4f}")
+        print(f"{k:4d}  {summary[f'pass@{k}']:.4f}  {summary[f'maj@{k}']:.4f}")
     print(f"answer entropy {summary['answer_entropy']:.3f} bits  token entropy {summary['token_entropy']:.3f} nats"
           f"  mean length {summary['mean_length']:.1f} tokens  reward {summary['reward']:.3f}")
     if args.out:

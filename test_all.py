@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+import bench
 import es
 import grpo
 import passk
+import results
 import sequential
 import sparsity
 import toy
@@ -991,6 +993,34 @@ def test_grpo_gradient_accumulation_equals_one_batch(toy_model):
         assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), loss
 
 
+def test_grpo_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(toy_model):
+    """Rows with advantage 0 (no reward spread in their group) are not forwarded when beta = 0: the gradient of the
+    rows kept, with the whole batch's normalisers, equals the whole batch's, for every loss and at ratio != 1."""
+    model, tok = toy_model
+    model = copy.deepcopy(model)
+    task = verify.get_task("toy")
+    s = passk.sample(model, tok, [task.prompt(ex) for ex in task.examples("train", 6, seed=2)], n=4,
+                     max_new_tokens=10, seed=1)
+    ids, attn, comp = grpo.pack(s.prompt_ids, s.completion_ids, tok.pad_token_id)
+    adv = torch.tensor([0.0, 1.2, -0.7, 0.0] * 3 + [0.0] * 8 + [0.5, -0.5, 0.0, 0.0])
+    old = torch.randn(ids.shape[0], ids.shape[1] - 1) * 0.05 - 1.5  # frozen old log-probs: ratios away from 1
+    rows = grpo.informative_rows(adv, beta=0.0)
+    assert rows.tolist() == [i for i, a in enumerate(adv.tolist()) if a != 0]
+    assert grpo.informative_rows(adv, beta=0.04).tolist() == list(range(24))
+    assert grpo.informative_rows(torch.zeros(5), beta=0.0).tolist() == [0]
+    width = int(attn[rows].sum(1).max())
+    for loss in ("grpo", "dapo", "dr_grpo"):
+        args = grpo.Args(micro_batch=5, loss=loss, max_new_tokens=10)
+        grads = []
+        for batch, o in (((ids, attn, comp.float(), adv), old),
+                         ((ids[rows, :width], attn[rows, :width], comp[rows, :width - 1].float(), adv[rows]),
+                          old[rows, :width - 1])):
+            model.zero_grad(set_to_none=True)
+            grpo.backward_step(model, batch, o, None, args, 24, float(comp.sum()))
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), loss
+
+
 def test_grpo_torchrun_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29512",
            os.path.join(HERE, "grpo.py"), "--iterations", "2", "--prompts", "4", "--group", "4",
@@ -1017,7 +1047,8 @@ def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
 # =====================================================================================================================
 # Every script's command line: --help shows each flag's doc and default; bad input is one line, exit 2, no trace
 # =====================================================================================================================
-SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy, "sequential": sequential, "sparsity": sparsity}
+SCRIPTS = {"passk": passk, "es": es, "grpo": grpo, "toy": toy, "sequential": sequential, "sparsity": sparsity,
+           "bench": bench, "results": results}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -1169,6 +1200,15 @@ BAD = [  # (script, argv, a fragment of the one-line error); {b} is the broken_f
     ("sparsity", ["--tuned", "{b}/small-model"], "different architectures"),
     ("sparsity", ["--tuned", "{b}/other-tokenizer"], "different tokenizers"),
     ("sparsity", ["--tuned", "{b}/es-run", "--out", "{b}/a-file"], "cannot be written"),
+    ("bench", ["--parts", "a,z"], "--parts"),
+    ("bench", ["--repeats", "0"], "--repeats"),
+    ("bench", ["--device", "tpu"], "not available"),
+    ("bench", ["--out", "{b}/a-file"], "cannot be written"),
+    ("results", ["--seeds", "0,x"], "--seeds"),
+    ("results", ["--temperatures", "0.6,1.3"], "must include 1.0"),
+    ("results", ["--sizes", "64by2"], "--sizes"),
+    ("results", ["--eval-n", "8"], "--eval-n"),
+    ("results", ["--out", "{b}/a-file"], "cannot be written"),
     ("toy", ["--steps", "0"], "--steps"),
     ("toy", ["--hidden", "100", "--heads", "3"], "multiple of --heads"),
     ("toy", ["--p-correct", "1.5"], "--p-correct"),
@@ -1501,3 +1541,42 @@ def test_smollm2_alias_converts_once_and_answers_through_its_chat_template(tmp_p
     assert prompt.startswith("<|im_start|>") and prompt.endswith("<|im_start|>assistant\n")
     s = passk.sample(model, tok, [prompt], n=1, temperature=0, max_new_tokens=48)
     assert "3 + 4 = 7" in s.texts[0], s.texts[0]  # a real instruct model: it answers through its template
+
+
+# =====================================================================================================================
+# maj@k, bench.py, results.py
+# =====================================================================================================================
+def test_majority_vote_accuracy():
+    votes = {"a": (3, True), "b": (1, False)}
+    assert passk.maj_at_k(votes, 4, 4) == 1.0
+    assert passk.maj_at_k(votes, 4, 1) == pytest.approx(0.75, abs=0.07)  # one sample: right with probability 3/4
+    assert passk.maj_at_k({"a": (2, True), "b": (2, False)}, 4, 4) == 0.5  # a tie shares the credit
+    assert passk.maj_at_k({None: (3, False), "a": (1, True)}, 4, 4) == 1.0  # no answer, no vote
+    assert passk.maj_at_k({None: (4, False)}, 4, 2) == 0.0
+    assert passk.maj_at_k({"a": (1, True), "b": (3, False)}, 4, 4) == 0.0
+
+
+def test_bench_quick_runs_every_part(tmp_path, capsys):
+    records = bench.main(bench.Args(quick=True, out=str(tmp_path / "bench"), threads=1))
+    assert {r["part"] for r in records} == set("abcdef")
+    saved = [json.loads(x) for x in open(tmp_path / "bench" / "bench.jsonl")]
+    assert len(saved) == len(records)
+    b = [r for r in records if r["part"] == "b"]
+    assert {r["name"].split()[2] for r in b} == {"full", "lowrank"} and all(r["ratio"] > 0 for r in b)
+    assert (tmp_path / "bench" / "bench_cost.png").stat().st_size > 1000
+    assert "== bench: medians" in capsys.readouterr().out
+
+
+def test_results_quick_writes_the_report_with_every_section(tmp_path):
+    r = results.main(results.Args(quick=True, out=str(tmp_path / "res"), threads=1))
+    doc = (tmp_path / "res" / "RESULTS.md").read_text()
+    for section in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7."):
+        assert section in doc
+    assert doc.count("**Verdict") >= 7 and "| GRPO->ES |" in doc
+    for png in ("passk.png", "entropy.png", "cost.png", "popsize.png", "temperature.png", "sparsity-es-keep.png"):
+        assert (tmp_path / "res" / "results" / png).stat().st_size > 1000, png
+        assert f"results/{png}" in doc
+    mtime = (tmp_path / "res" / "RESULTS.md").stat().st_mtime_ns
+    results.main(results.Args(quick=True, out=str(tmp_path / "res"), threads=1))  # a rerun reuses every run
+    assert (tmp_path / "res" / "RESULTS.md").stat().st_mtime_ns > mtime
+    assert len(r.evals) >= 5
