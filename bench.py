@@ -22,6 +22,7 @@ Times are medians over --repeats runs, with the spread (min..max); each bound is
 candidate, alternating, so that load from elsewhere on the machine falls on both.
 """
 import dataclasses
+import gc
 import json
 import os
 import resource
@@ -120,7 +121,14 @@ class Bench:
             es.perturb(self.params, self.master, 0, 0, 3, 0.02, False)
             es.restore(self.params, self.master)
         r = paired(ours, lambda: (torch.randn(n, generator=g, out=buf), dst.copy_(buf)), self.args.repeats * 5)
-        self.record("a", "perturb+restore vs randn+copy", params=n, **r)
+        before = {k: p.detach().clone() for k, p in self.params.items()}
+        for cycle in range(30):
+            es.perturb(self.params, self.master, 0, cycle, cycle, 0.02, False)
+        es.restore(self.params, self.master)
+        ours_changed = sum(int((p.detach() != before[k]).sum()) for k, p in self.params.items())
+        frac, worst = reference_restore_drift(self.model)
+        self.record("a", "perturb+restore vs randn+copy", params=n, **r, restore_changed_after_30=ours_changed,
+                    reference_restore_changed_frac_after_30=frac, reference_restore_max_drift=worst)
 
     # ---- b. scoring a population ---------------------------------------------------------------------------------
     def score(self, noise, N):
@@ -328,7 +336,9 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
     """One iteration of the ES loop of Qiu et al.'s public code (countdown/es_fine-tuning_countdown.py), on a copy:
     per member, every tensor gets torch.randn from a generator seeded with the member's seed, added in place; one
     model.generate call on all prompts (greedy, left padding); restore by subtracting the regenerated noise; z-scored
-    rewards; the update regenerates each member's noise per tensor. Rewards here read the completion only."""
+    rewards; the update regenerates each member's noise per tensor; gc.collect() after each member and around the
+    update, as its force_memory_cleanup() does. Rewards here read the completion only (the reference decodes the
+    prompt too, a known defect that does not change the cost)."""
     rng = np.random.RandomState(seed)
     seeds = rng.randint(0, 2 ** 30, size=population).tolist()
     prompts = [task.prompt(ex) for ex in examples]
@@ -339,6 +349,7 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
             g = torch.Generator(p.device).manual_seed(int(s))
             p.data.add_(scale * torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype))
     rewards = []
+    gc.collect()
     for s in seeds:
         add_noise(s, sigma)
         with torch.inference_mode():
@@ -346,6 +357,8 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
         texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         rewards.append(float(np.mean([task.reward(t, ex) for t, ex in zip(texts, examples)])))
         add_noise(s, -sigma)
+        gc.collect()  # the reference calls its force_memory_cleanup() (gc.collect, CUDA cache) after each member
+    gc.collect()
     r = np.asarray(rewards, dtype=np.float32)
     z = (r - r.mean()) / (r.std() + 1e-8)
     for p in model.parameters():
@@ -354,6 +367,24 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
             g = torch.Generator(p.device).manual_seed(int(s))
             update.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype) * float(f))
         p.data.add_(alpha * update / population)
+    gc.collect()
+
+
+def reference_restore_drift(model, cycles=30, sigma=0.02):
+    """Fraction of weights that are not bit-identical after `cycles` in-place add/subtract cycles (the reference's
+    restore), and the largest deviation; es.py's restore (a copy of the fp32 master) leaves none."""
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    for s in range(cycles):
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=torch.Generator(p.device).manual_seed(s), device=p.device)
+            p.data.add_(sigma * noise)
+            p.data.add_(-sigma * noise)
+    changed = sum(int((p.detach() != before[k]).sum()) for k, p in model.named_parameters())
+    worst = max(float((p.detach() - before[k]).abs().max()) for k, p in model.named_parameters())
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.copy_(before[k])
+    return changed / sum(p.numel() for p in model.parameters()), worst
 
 
 def _status_kb(field):
@@ -433,6 +464,10 @@ def print_table(records):
                      in r else ""))
             continue
         line = f"[{r['part']}] {r['name']}: {r['median']:.4g} s ({r['min']:.4g}..{r['max']:.4g})"
+        if "reference_restore_changed_frac_after_30" in r:
+            line += f"; after 30 perturb/restore cycles: es.py {r['restore_changed_after_30']} weights changed, " \
+                    f"the reference's add/subtract {r['reference_restore_changed_frac_after_30']:.1%} (max " \
+                    f"{r['reference_restore_max_drift']:.2g})"
         if "bound_median" in r:
             line += f"; bound {r['bound_median']:.4g} s; ratio {r['ratio']:.2f} ({min(r['ratios']):.2f}.." \
                     f"{max(r['ratios']):.2f})"

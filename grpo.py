@@ -117,8 +117,11 @@ def stream_seed(*key) -> int:
 
 # ---- 2. advantages --------------------------------------------------------------------------------------------------
 def advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
-    """rewards [P, G] -> (r - group mean) / (std + 1e-4); std unbiased, of the group, the batch, or none (Dr. GRPO)."""
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    """rewards [P, G] -> (r - group mean) / (std + 1e-4); std unbiased, of the group, the batch, or none (Dr. GRPO).
+    A group whose rewards are all equal gets exactly 0: in float32 the mean of eight 0.1s is not 0.1, and the
+    rounding error divided by 1e-4 would otherwise push every completion of that group down (TRL has this)."""
+    flat = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
+    centered = torch.where(flat, 0.0, rewards - rewards.mean(dim=1, keepdim=True))
     if scale == "group":
         return centered / (rewards.std(dim=1, keepdim=True) + 1e-4)
     if scale == "batch":
@@ -402,8 +405,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
         # 2. rewards and group-relative advantages (batch std over all ranks' rewards)
         ex_of = [batch[r // args.group] for r in range(len(s.texts))]
         parts = [task.parts(c, ex) for c, ex in zip(s.texts, ex_of)]
-        rewards = torch.tensor([task.reward(c, ex) for c, ex in zip(s.texts, ex_of)],
-                               dtype=torch.float32).view(-1, args.group)  # [P_local, G]
+        rewards = torch.tensor([task.reward_from(p) for p in parts], dtype=torch.float32).view(-1, args.group)
         if not torch.isfinite(rewards).all():
             raise RunError(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
         all_rewards = rewards  # [P, G] over all ranks: for the batch std and the log

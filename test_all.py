@@ -906,6 +906,9 @@ def test_grpo_advantages_by_hand():
     s = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0, 1)
     assert torch.allclose(grpo.advantages(r, "group")[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (s + 1e-4))
     assert torch.equal(grpo.advantages(r, "group")[1], torch.zeros(4))  # no spread, no signal
+    tenths = torch.full((1, 8), 0.1)  # their float32 mean is not exactly 0.1: still exactly no signal
+    assert (tenths - tenths.mean(1, keepdim=True)).abs().max() > 0
+    assert all(torch.equal(grpo.advantages(tenths, k), torch.zeros(1, 8)) for k in ("group", "batch", "none"))
     assert torch.allclose(grpo.advantages(r, "none"), r - r.mean(1, keepdim=True))
     assert torch.allclose(grpo.advantages(r, "batch"), (r - r.mean(1, keepdim=True)) / (r.std() + 1e-4))
 

@@ -645,13 +645,16 @@ class Task:
         return chosen[:max(n, 0)]
 
     def reward(self, completion: str, example: dict) -> float:
-        return self.judge(completion, example)[0]
+        return self.reward_from(self.parts(completion, example))
+
+    def reward_from(self, parts: dict) -> float:
+        """1.0 for a correct answer, format_bonus for a well-formed wrong one, 0.0 otherwise."""
+        return 1.0 if parts['answer'] else self.format_bonus * parts['format']
 
     def judge(self, completion: str, example: dict):
         """(reward, parts, answer) of one completion, each parse done once: what a trainer needs of it."""
         parts = self.parts(completion, example)
-        reward = 1.0 if parts['answer'] else self.format_bonus * parts['format']
-        return reward, parts, self.answer(completion, example)
+        return self.reward_from(parts), parts, self.answer(completion, example)
 
 
 class CountdownTask(Task):
