@@ -47,7 +47,7 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy"""
+    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100

@@ -399,7 +399,7 @@ class Args:
     model: str = DEFAULT_MODEL
     """hub id or local directory (a run directory loads its latest checkpoint); default: the embedded model"""
     task: str = "toy"
-    """countdown | gsm8k | math | toy"""
+    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     split: str = "test"

@@ -1,4 +1,4 @@
-"""results.py: every claim of the paper, measured on the embedded model, with a verdict: writes RESULTS.md and its plots.
+"""results.py: every claim of the paper, measured on the embedded model, with a verdict; writes RESULTS.md and plots.
 
 Ba et al. (arXiv 2608.27351) claim that ES, unlike GRPO, raises Pass@1 and Pass@K; that the verifier-projected JS
 diversity of the ES population explains it; that GRPO then ES combines the two; that ES's large drift hides a sparse
@@ -103,7 +103,7 @@ def fmt(m, h=None, digits=3):
     return f"{m:.{digits}f}" + (f" ± {h:.{digits}f}" if h is not None else "")
 
 
-# ---- the pipeline -----------------------------------------------------------------------------------------------------
+# ---- the pipeline ----------------------------------------------------------------------------------------------------
 class Results:
     def __init__(self, args):
         self.args = args
@@ -393,7 +393,7 @@ class Results:
                 if os.path.exists(src):
                     shutil.copy(src, os.path.join(self.figdir, f"sparsity-{name}-{png}"))
 
-    # ---- the report ---------------------------------------------------------------------------------------------------
+    # ---- the report -------------------------------------------------------------------------------------------------
     def report(self):
         a, s0, K = self.args, self.seeds[0], self.args.eval_n
         ks = sorted({k for k in (1, 16, K) if k <= K})

@@ -54,7 +54,7 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory the first stage starts from; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy"""
+    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     seed: int = 0
@@ -175,7 +175,7 @@ def merge_logs(args, stages, out):
 def run_schedule(args, stages, out):
     """Run (or continue) the stages in out/: a finished stage is skipped, a killed one resumed from its checkpoint,
     the next one started from the model in memory. Returns the merged log lines."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank = int(os.environ.get("RANK", "0"))  # torchrun's (the process group itself starts in the first stage)
     model = tok = None
     start = args.model
     for k, (algo, n) in enumerate(stages, 1):
@@ -192,6 +192,8 @@ def run_schedule(args, stages, out):
         start = a.out  # the next stage's --model: this stage's final checkpoint (what `model` holds in memory)
         if rank == 0:
             merge_logs(args, stages, out)
+        if dist.is_initialized():
+            dist.barrier()  # every rank reads the merged log below
     return es.read_log(os.path.join(out, "log.jsonl"))
 
 
@@ -215,6 +217,7 @@ def sweep_lists(args):
 
 def sweep(args):
     switches, orders, seeds = sweep_lists(args)
+    rank = int(os.environ.get("RANK", "0"))
     per_it = {}
     for algo in ALGOS:
         a = stage_args(args, 1, algo, 1, args.model, args.out)
@@ -229,18 +232,21 @@ def sweep(args):
         text = schedule_text(stages)
         name = f"{text.replace(':', '-').replace(',', '_')}-seed{seed}"
         if (text, seed) not in done:
-            print(f"[sweep {i}/{len(points)}] order {order}  switch {s}  seed {seed}:  {text}", flush=True)
+            if rank == 0:
+                print(f"[sweep {i}/{len(points)}] order {order}  switch {s}  seed {seed}:  {text}", flush=True)
             lines = run_schedule(dataclasses.replace(args, seed=seed), stages, os.path.join(args.out, "runs", name))
             done[text, seed] = summary(lines)
             base = base or next(r for r in lines if r.get("type") == "eval")
         grpo_share = s if order in ("grpo-es", "interleave") else 1 - s
         records.append({"switch": s, "order": order, "seed": seed, "schedule": text, "grpo_share": grpo_share,
                         "run": name, **done[text, seed]})
-        write_jsonl(os.path.join(args.out, "sweep.jsonl"), records)
+        if rank == 0:
+            write_jsonl(os.path.join(args.out, "sweep.jsonl"), records)
     ks = sorted(int(k[5:]) for k in records[0] if k.startswith("pass@"))
     base_curve = {k: base[f"pass@{k}"] for k in ks}
-    print_table(records, ks, base_curve)
-    plot_sweep(records, ks, base_curve, os.path.join(args.out, "sweep.png"))
+    if rank == 0:
+        print_table(records, ks, base_curve)
+        plot_sweep(records, ks, base_curve, os.path.join(args.out, "sweep.png"))
     return records
 
 
@@ -304,7 +310,7 @@ def plot_sweep(records, ks, base, path):
     plt.close(fig)
 
 
-# ---- command line -----------------------------------------------------------------------------------------------------
+# ---- command line ----------------------------------------------------------------------------------------------------
 def check_args(args):
     """Own flags against their docs' rules, then each stage's flags (named --ALGO-X) against es.py's / grpo.py's."""
     passk.check_fields(args)
@@ -328,6 +334,7 @@ def check_args(args):
 
 
 def main(args):
+    rank = int(os.environ.get("RANK", "0"))  # torchrun's; the process group starts in the first stage
     try:
         if args.resume:
             path = os.path.join(args.resume, "args.json")
@@ -343,10 +350,11 @@ def main(args):
                                         f"(got --{changed[0].replace('_', '-')})")
             args = Args(**{**saved, "resume": args.resume, "out": args.resume,
                            "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
-        elif os.path.exists(os.path.join(args.out, "args.json")):
-            raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
+        elif os.path.exists(os.path.join(args.out, "args.json")) and rank == 0:
+            raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, "
+                                    f"or a new --out")
         stages = check_args(args)
-        if not args.resume and (not dist.is_initialized() or dist.get_rank() == 0):
+        if not args.resume and rank == 0:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "args.json.tmp"), "w") as f:
                 json.dump(dataclasses.asdict(args), f, indent=1)
@@ -355,8 +363,10 @@ def main(args):
             return sweep(args)
         lines = run_schedule(args, stages, args.out)
         s = summary(lines)
-        print(f"schedule {args.schedule}: " + "  ".join(f"{k}={v:.3f}" for k, v in s.items() if k.startswith("pass@"))
-              + f"  generations={s['generations']}  wall={s['wall']:.0f}s")
+        if rank == 0:
+            print(f"schedule {args.schedule}: " + "  ".join(f"{k}={v:.3f}" for k, v in s.items()
+                                                            if k.startswith("pass@"))
+                  + f"  generations={s['generations']}  wall={s['wall']:.0f}s")
         return lines
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)

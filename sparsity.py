@@ -95,7 +95,7 @@ def module_type(name: str) -> str:
     return "other"
 
 
-# ---- 1. drift ---------------------------------------------------------------------------------------------------------
+# ---- 1. drift --------------------------------------------------------------------------------------------------------
 def drift(base, tuned, thresholds):
     """Per tensor and overall: relative L2, max |delta|, fractions above thresholds and changed (fp32 and bf16)."""
     per, tot = {}, {"n": 0, "d2": 0.0, "b2": 0.0, "max": 0.0, "changed_fp32": 0, "changed_bf16": 0,
@@ -134,7 +134,7 @@ def drift(base, tuned, thresholds):
             "histogram": {"log10_edges": edges.tolist(), "counts": hist.tolist(), "zeros": int(zeros)}}
 
 
-# ---- 2. functional sparsity ---------------------------------------------------------------------------------------------
+# ---- 2. functional sparsity ------------------------------------------------------------------------------------------
 def keep_masks(base, tuned, q, mode, seed=0):
     """{name: bool mask} keeping exactly round(q% of N) entries of delta (N over all tensors; for top-tensor, of each
     tensor): the largest |delta| (ties by position), or a seeded uniform random choice."""
@@ -168,7 +168,7 @@ def merged(base, tuned, masks):
     return {k: torch.where(masks[k], tuned[k], base[k]) for k in base}
 
 
-# ---- 4. compression -----------------------------------------------------------------------------------------------------
+# ---- 4. compression --------------------------------------------------------------------------------------------------
 def prune(weights, names, sparsity):
     """Global magnitude pruning: zero exactly round(sparsity% of N) entries with the smallest |w| over `names`."""
     sizes = [weights[k].numel() for k in names]
@@ -224,7 +224,7 @@ def toy_lm_loss(model, tok, model_dir, sequences, seed=0):
     return nll / max(count, 1)
 
 
-# ---- the run --------------------------------------------------------------------------------------------------------------
+# ---- the run ---------------------------------------------------------------------------------------------------------
 def parse_numbers(text, flag, lo, hi, kind=float):
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
@@ -331,9 +331,12 @@ def run(args):
     return records
 
 
+MIN_GAIN = 0.01  # below this tuned-minus-base difference a retained share is noise divided by noise: not reported
+
+
 def add_retained(records):
     """retained@k = (pass@k - base) / (tuned - base) on keep and compress records (compress: against the compressed
-    base); None where the tuned model has no gain at that k."""
+    base); None where the tuned model's gain at that k is under MIN_GAIN."""
     ev = {r["model"]: r for r in records if r["kind"] == "eval"}
     ks = [k for k in ev["base"] if k.startswith("pass@")]
     comp_base = {r["method"]: r for r in records if r["kind"] == "compress" and r["model"] == "base"}
@@ -342,7 +345,7 @@ def add_retained(records):
             ref = ev["base"] if r["kind"] == "keep" else comp_base[r["method"]]
             for k in ks:
                 gain = ev["tuned"][k] - ev["base"][k]
-                r[f"retained_{k}"] = (r[k] - ref[k]) / gain if abs(gain) > 1e-12 else None
+                r[f"retained_{k}"] = (r[k] - ref[k]) / gain if abs(gain) >= MIN_GAIN else None
 
 
 def first_q(records, mode, k, level=0.9):

@@ -1361,6 +1361,27 @@ def test_sequential_resume_equals_uninterrupted(tmp_path, monkeypatch):
         [{k: v for k, v in x.items() if k not in drop} for x in cut]
 
 
+def test_sequential_under_torchrun_two_processes(tmp_path):
+    """The same file under torchrun: both stages run on two CPU processes and the ES stage's final weights equal those
+    of one process given the same GRPO model (ES is world-size invariant; the GRPO stage here runs under DDP)."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29514",
+           os.path.join(HERE, "sequential.py"), "--schedule", "grpo:2,es:2", "--eval-problems", "4", "--eval-n", "2",
+           "--eval-every", "0", "--max-new-tokens", "10", "--threads", "1", "--out", str(out),
+           "--es-population", "4", "--es-prompts", "16", "--es-train-problems", "50",
+           "--grpo-prompts", "4", "--grpo-group", "4", "--grpo-train-problems", "50"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    train = [json.loads(x) for x in open(out / "log.jsonl") if '"train"' in x]
+    assert [(x["stage"], x["algo"]) for x in train] == [(1, "grpo"), (1, "grpo"), (2, "es"), (2, "es")]
+    es.train(es.Args(model=str(out / "stage-1-grpo"), seed=sequential.stage_args(
+        sequential.Args(seed=0), 2, "es", 2, "", "").seed, iterations=2, population=4, prompts=16,
+        train_problems=50, eval_problems=4, eval_n=2, eval_every=0, max_new_tokens=10, threads=1,
+        out=str(tmp_path / "one")))
+    a, b = weights(out / "stage-2-es"), weights(tmp_path / "one")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_sequential_sweep_writes_jsonl_and_plot(tmp_path, capsys):
     args = small_seq(tmp_path, "sweep", sweep=True, budget=128, switch="0,1", order="grpo-es,es-grpo")
     records = sequential.main(args)
