@@ -66,6 +66,11 @@ class Args:
     """comma list of ES population sizes N for population against model size"""
     pop_iterations: int = 30
     """ES iterations of each population-size run; in [1, inf)"""
+    sparsity_iterations: int = 100
+    """ES iterations of the model sparsity.py analyses (es.py's default: the headline budget's gain is too small to
+    divide); the GRPO model analysed is the seed-0 headline run; in [1, inf)"""
+    llm_runs: str = "runs"
+    """folder holding smollm2-grpo/ and smollm2-es/ (the README's SmolLM2 commands); reported when present"""
     threads: int = 0
     """torch CPU threads (0: torch's default); in [0, inf)"""
 
@@ -105,8 +110,8 @@ def fmt(m, h=None, digits=3):
 
 # ---- the pipeline ----------------------------------------------------------------------------------------------------
 class Results:
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, args, given=None):
+        self.args, self.given = args, given or args  # given: the flags as typed (before --quick's sizes)
         self.seeds = [int(s) for s in args.seeds.split(",")]
         self.temps = [float(t) for t in args.temperatures.split(",")]
         self.task = verify.get_task("toy")
@@ -194,13 +199,21 @@ class Results:
     # 3. functional sparsity and forgetting ---------------------------------------------------------------------------
     def sparsity_all(self):
         self.sparse = {}
+        s0, es_dir = self.seeds[0], self.path("runs", f"es-long-s{self.seeds[0]}")
+        stages = [("es", self.args.sparsity_iterations)]
+        print(f"[results] es-long seed {s0}: {sequential.schedule_text(stages)}", flush=True)
+        sequential.run_schedule(sequential.Args(schedule=sequential.schedule_text(stages), seed=s0, eval_n=16,
+                                                eval_problems=self.args.eval_problems, threads=self.args.threads,
+                                                out=es_dir, es={**self.es_cfg, "eval_every": 0, "save_every": 0}),
+                                stages, es_dir)
+        tuned = {"es": es_dir, "grpo": self.run_dir("grpo", s0)}
         for name in ("es", "grpo"):
             out = self.folder("sparsity", name)
             done = os.path.join(out, "sparsity.jsonl")
             if not os.path.exists(done):
                 kw = dict(eval_n=4, eval_problems=10, keep="0,10,100", prune="50", quant="4", lm_sequences=64) \
                     if self.args.quick else dict(eval_n=16, eval_problems=self.args.eval_problems)
-                sparsity.run(sparsity.Args(base=TOY, tuned=self.run_dir(name, self.seeds[0]), out=out,
+                sparsity.run(sparsity.Args(base=TOY, tuned=tuned[name], out=out,
                                            threads=self.args.threads, **kw))
             self.sparse[name] = [json.loads(x) for x in open(done)]
 
@@ -394,13 +407,43 @@ class Results:
                     shutil.copy(src, os.path.join(self.figdir, f"sparsity-{name}-{png}"))
 
     # ---- the report -------------------------------------------------------------------------------------------------
+    def llm_section(self):
+        """Section 8, from the README's SmolLM2 runs (LLM_RUNS/smollm2-grpo, smollm2-es) where they exist."""
+        runs = {n: es.read_log(os.path.join(self.args.llm_runs, f"smollm2-{n}", "log.jsonl")) for n in ("grpo", "es")}
+        rows = []
+        for n, recs in runs.items():
+            evals = [r for r in recs if r.get("type") == "eval"]
+            train = [r for r in recs if r.get("type") == "train"]
+            if len(evals) < 2 or not train or evals[0]["iteration"] != 0:
+                continue  # not run (or not finished): nothing to report
+            cfg, b, f = recs[0], evals[0], evals[-1]
+            K = max(int(k[5:]) for k in b if k.startswith("pass@"))
+            rows.append(f"| {n.upper()} | {cfg['task']} | {f['iteration']} | {train[-1]['generations']:,} | "
+                        f"{train[-1]['wall'] / 60:.1f} | {b['pass@1']:.3f} -> {f['pass@1']:.3f} | "
+                        f"{b[f'pass@{K}']:.3f} -> {f[f'pass@{K}']:.3f} | {b['token_entropy']:.3f} -> "
+                        f"{f['token_entropy']:.3f} | {b['answer_entropy']:.2f} -> {f['answer_entropy']:.2f} |")
+        if not rows:
+            return []
+        return ["## 8. A real LLM: SmolLM2-135M-Instruct, offline (one seed)", "",
+                "The runs of the README's SmolLM2 section (`--model smollm2-135m`, bf16, 32 new tokens; held-out "
+                f"evaluation at T = 1 with n = {K} samples per problem), read from `{self.args.llm_runs}`.", "",
+                f"| | task | iterations | generations | wall (min) | pass@1 | pass@{K} | token entropy | "
+                "answer entropy |", "|---|---|---|---|---|---|---|---|---|"] + rows + [
+                "", "One seed and a short run on 2 CPU cores: a direction, not a verdict.", ""]
+
+    def flags(self):
+        """The command-line flags this report was made with (those that differ from the defaults)."""
+        given = [f for f in dataclasses.fields(Args) if getattr(self.given, f.name) != f.default]
+        return "".join(f" --{f.name.replace('_', '-')}" + ("" if f.type is bool or isinstance(f.default, bool) else
+                                                            f" {getattr(self.given, f.name)}") for f in given)
+
     def report(self):
         a, s0, K = self.args, self.seeds[0], self.args.eval_n
         ks = sorted({k for k in (1, 16, K) if k <= K})
         label = {"base": "base", "grpo": "GRPO", "es": "ES", "grpo-es": "GRPO->ES", "es-grpo": "ES->GRPO"}
         fig = lambda f: f"![{f}]({a.figures}/{f})"  # noqa: E731
         L = [f"# RESULTS: the paper's claims, measured", "",
-             f"Generated by `python results.py{' --quick' if a.quick else ''}` on {time.strftime('%Y-%m-%d')}, "
+             f"Generated by `python results.py{self.flags()}` on {time.strftime('%Y-%m-%d')}, "
              f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, no GPU; "
              f"{(time.time() - self.t0) / 60:.0f} minutes for the work this invocation did (cached runs are reused). "
              f"Every number below comes from that run; the raw runs are under `{a.out}`.", "",
@@ -477,7 +520,10 @@ class Results:
               "The full switch-point sweep (both orders, interleaved) is `sequential.py --sweep`; its measured table "
               "is in the README.", ""]
         # claim 4: sparsity, forgetting, compression
-        L += ["## 4. Functional sparsity, forgetting, compression (sparsity.py on the seed-0 ES and GRPO models)", ""]
+        L += ["## 4. Functional sparsity, forgetting, compression (sparsity.py)", "",
+              f"The models: ES trained for {a.sparsity_iterations} iterations (es.py's defaults, seed {s0}; at the "
+              "headline budget its gain is too small to divide) and the seed-0 headline GRPO run. The evaluation: "
+              f"n = 16 samples on the {a.eval_problems} held-out problems.", ""]
         d = {n: self.sparse[n][0]["overall"] for n in ("es", "grpo")}
         ratio = d["es"]["relative_l2"] / max(d["grpo"]["relative_l2"], 1e-12)
         L += ["| | relative L2 drift | max abs delta | share of updates above 1.5e-3 (fp32) | same, seen in bf16 | "
@@ -489,10 +535,11 @@ class Results:
         for n in ("es", "grpo"):
             recs = self.sparse[n]
             keep_rows[n] = {m: sparsity.first_q(recs, m, "pass@1") for m in ("top", "top-tensor", "random")}
+            keep_rows[n] = {m: "never" if q is None else f"{q:g}%" for m, q in keep_rows[n].items()}
         L += ["", f"Drift ratio ES / GRPO: {ratio:.1f}x (the paper: 40-44x). Smallest kept share q (percent of "
               "|delta|, largest first; random as the control) that keeps 90% of the pass@1 gain: "
               + "; ".join(f"{label[n]}: top {keep_rows[n]['top']}, top-tensor {keep_rows[n]['top-tensor']}, "
-                          f"random {keep_rows[n]['random']}" for n in ("es", "grpo")) + " (None: never).", "",
+                          f"random {keep_rows[n]['random']}" for n in ("es", "grpo")) + ".", "",
               fig("sparsity-es-keep.png"), fig("sparsity-grpo-keep.png"), ""]
         forget = {}
         for n in ("es", "grpo"):
@@ -511,14 +558,14 @@ class Results:
         es_forgot = forget["es"]["tuned"][es_big] < forget["es"]["base"][es_big] - 0.03
         es_ev = {r["model"]: r for r in self.sparse["es"] if r["kind"] == "eval"}
         es_gain = es_ev["tuned"]["pass@1"] - es_ev["base"]["pass@1"]
-        top, rnd = keep_rows["es"]["top"], keep_rows["es"]["random"]
+        top, rnd = (sparsity.first_q(self.sparse["es"], m, "pass@1") for m in ("top", "random"))
         sparse_verdict = ("not testable here: the ES model's pass@1 gain in this evaluation is "
                           f"{es_gain:+.3f}, too small to divide" if es_gain < 0.01 else
                           "holds" if ratio > 1 and top is not None and top <= 30 and (rnd is None or top < rnd)
                           else "does not hold")
         L += ["", "**Verdict, ES drifts far but its gain is sparse:** " + sparse_verdict
-              + f" (drift ratio {ratio:.1f}x; 90% of the gain from the top {keep_rows['es']['top']}% vs random "
-                f"{keep_rows['es']['random']}%).",
+              + f" (drift ratio {ratio:.1f}x; 90% of the gain from the top {keep_rows['es']['top']} vs random "
+                f"{keep_rows['es']['random']}).",
               "**Verdict, no catastrophic forgetting under ES:** "
               + ("does not hold" if es_forgot else "holds") + f" (unseen-target {es_big[7:]} "
               f"{forget['es']['base'][es_big]:.3f} -> {forget['es']['tuned'][es_big]:.3f}; LM loss "
@@ -544,7 +591,7 @@ class Results:
             n90 = next((r["N"] for r in rs if best > 0 and r["gain"] >= 0.9 * best), None)
             smallest.append((rs[0]["params"], n90, best))
             L.append(f"| {spec} | {rs[0]['params'] / 1e6:.2f}M | " + " | ".join(f"{r['gain']:+.3f}" for r in rs)
-                     + f" | {n90} |")
+                     + f" | {'none' if n90 is None else n90} |")
         clear = all(b > 0.01 for _, _, b in smallest)
         falls = all(x[1] is not None and y[1] is not None and y[1] <= x[1] for x, y in zip(smallest, smallest[1:]))
         L += ["", "Held-out pass@1 gain over each size's own base (n = 16). " + fig("popsize.png"), "",
@@ -587,6 +634,7 @@ class Results:
               "for GRPO; " + ("sampling hotter recovers more coverage from the ES model" if gain["es"] > gain["grpo"]
                               else "sampling hotter recovers more coverage from the GRPO model") + " (one seed: "
               "a direction, not a verdict).", ""]
+        L += self.llm_section()
         with open(a.doc + ".tmp", "w") as f:
             f.write("\n".join(L) + "\n")
         os.replace(a.doc + ".tmp", a.doc)
@@ -607,15 +655,16 @@ def run(args):
         raise verify.UsageError("--temperatures must include 1.0 (the temperature of every other table)")
     if not all(len(s.split("x")) == 2 and all(p.isdecimal() for p in s.split("x")) for s in args.sizes.split(",")):
         raise verify.UsageError(f"--sizes must be a comma list of HIDDENxLAYERS; got {args.sizes!r}")
+    given = args
     if args.quick:
         args = dataclasses.replace(args, seeds=args.seeds.split(",")[0], budget=256, eval_problems=10, eval_n=16,
                                    temperatures="1.0,1.3", sizes="32x1,48x1", size_steps=5, populations="2,4",
-                                   pop_iterations=2, doc=os.path.join(args.out, "RESULTS.md"))
+                                   sparsity_iterations=2, pop_iterations=2, doc=os.path.join(args.out, "RESULTS.md"))
     passk.check_writable(args.out)
     passk.check_writable(args.doc, "--doc", directory=False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = Results(args)
+    r = Results(args, given)
     for step in (r.train_all, r.evaluate_all, r.sparsity_all, r.population_all):
         t0 = time.time()
         step()

@@ -374,8 +374,9 @@ def print_report(records, thresholds):
         print(f"  {r['mode']:10s} q={r['q']:<6g} pass@1 {r['pass@1']:.3f}  {K} {r[K]:.3f}  retained "
               + " / ".join("-" if v is None else f"{v + 0.0:.2f}" for v in ret))
     for mode in dict.fromkeys(r["mode"] for r in records if r["kind"] == "keep"):
-        print(f"  {mode}: 90% of the gain kept from q = {first_q(records, mode, 'pass@1')}% (pass@1), "
-              f"{first_q(records, mode, K)}% ({K})")
+        q1, qK = (first_q(records, mode, m) for m in ("pass@1", K))
+        shown = lambda q: "never" if q is None else f"q = {q:g}%"  # noqa: E731
+        print(f"  {mode}: 90% of the gain kept from {shown(q1)} (pass@1), {shown(qK)} ({K})")
     comp = [r for r in records if r["kind"] == "compress"]
     if comp:
         print(f"\ncompression (base -> tuned, retained gain at pass@1 / {K}):")
