@@ -534,8 +534,8 @@ class Results:
         keep_rows = {}
         for n in ("es", "grpo"):
             recs = self.sparse[n]
-            keep_rows[n] = {m: sparsity.first_q(recs, m, "pass@1") for m in ("top", "top-tensor", "random")}
-            keep_rows[n] = {m: "never" if q is None else f"{q:g}%" for m, q in keep_rows[n].items()}
+            keep_rows[n] = {m: sparsity.q_text(sparsity.first_q(recs, m, "pass@1")) for m in ("top", "top-tensor",
+                                                                                              "random")}
         L += ["", f"Drift ratio ES / GRPO: {ratio:.1f}x (the paper: 40-44x). Smallest kept share q (percent of "
               "|delta|, largest first; random as the control) that keeps 90% of the pass@1 gain: "
               + "; ".join(f"{label[n]}: top {keep_rows[n]['top']}, top-tensor {keep_rows[n]['top-tensor']}, "

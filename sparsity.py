@@ -354,6 +354,11 @@ def first_q(records, mode, k, level=0.9):
     return next((q for q, v in qs if v is not None and v >= level), None)
 
 
+def q_text(q):
+    """first_q's answer for a reader: '30%', or 'never'."""
+    return "never" if q is None else f"{q:g}%"
+
+
 def print_report(records, thresholds):
     d = records[0]["overall"]
     ev = {r["model"]: r for r in records if r["kind"] == "eval"}
@@ -374,9 +379,8 @@ def print_report(records, thresholds):
         print(f"  {r['mode']:10s} q={r['q']:<6g} pass@1 {r['pass@1']:.3f}  {K} {r[K]:.3f}  retained "
               + " / ".join("-" if v is None else f"{v + 0.0:.2f}" for v in ret))
     for mode in dict.fromkeys(r["mode"] for r in records if r["kind"] == "keep"):
-        q1, qK = (first_q(records, mode, m) for m in ("pass@1", K))
-        shown = lambda q: "never" if q is None else f"q = {q:g}%"  # noqa: E731
-        print(f"  {mode}: 90% of the gain kept from {shown(q1)} (pass@1), {shown(qK)} ({K})")
+        print(f"  {mode}: 90% of the gain kept from q: {q_text(first_q(records, mode, 'pass@1'))} (pass@1), "
+              f"{q_text(first_q(records, mode, K))} ({K})")
     comp = [r for r in records if r["kind"] == "compress"]
     if comp:
         print(f"\ncompression (base -> tuned, retained gain at pass@1 / {K}):")
