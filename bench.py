@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,257 +89,160 @@ def paired(candidate, bound, repeats):
             "ratios": [x / y for x, y in zip(c, b)]}
 
 
-class Bench:
-    def __init__(self, args):
-        self.args, self.records = args, []
-        self.device = passk.check_device(args.device)
-        self.model, self.tok = passk.load_model(args.model, "fp32", self.device)
-        self.task = verify.get_task("toy")
-        self.examples = self.task.examples("train", args.prompts, seed=1)
-        self.prompts = [self.task.prompt(ex) for ex in self.examples]
-        self.master = {k: p.detach().float().clone() for k, p in self.model.named_parameters()}
-        self.params = dict(self.model.named_parameters())
+# ---- what the parts share -------------------------------------------------------------------------------------------
+def setup(args):
+    """What the parts share: the flags, the bench's fp32 model with the master copy es.py perturbs from and restores
+    to, the toy task's P training prompts, the sizes --quick shrinks; the records, and part c's grpo.py log."""
+    device = passk.check_device(args.device)
+    model, tok = passk.load_model(args.model, "fp32", device)
+    task = verify.get_task("toy")
+    examples = task.examples("train", args.prompts, seed=1)
+    return types.SimpleNamespace(
+        args=args, device=device, model=model, tok=tok, task=task, examples=examples,
+        prompts=[task.prompt(ex) for ex in examples],
+        master={k: p.detach().float().clone() for k, p in model.named_parameters()},
+        params=dict(model.named_parameters()), records=[], grpo_lines=None,
+        populations=[4] if args.quick else [int(x) for x in args.populations.split(",")],
+        eval_problems=20 if args.quick else 200)
 
-    def record(self, part, name, **values):
-        rec = {"part": part, "name": name, **values}
-        self.records.append(rec)
-        with open(os.path.join(self.args.out, "bench.jsonl"), "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items() if not isinstance(v, list)}
-        print(f"[{part}] {name}: {shown}", flush=True)
 
-    def es_args(self, **kw):
-        return es.Args(model=self.args.model, prompts=self.args.prompts, temperature=0.0,
-                       batch_size=self.args.batch_size, **kw)
+def record(ctx, part, name, **values):
+    """One measurement: kept, appended to OUT/bench.jsonl at once (a later part's failure loses nothing), shown."""
+    rec = {"part": part, "name": name, **values}
+    ctx.records.append(rec)
+    with open(os.path.join(ctx.args.out, "bench.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items() if not isinstance(v, list)}
+    print(f"[{part}] {name}: {shown}", flush=True)
 
-    # ---- a. perturb + restore -------------------------------------------------------------------------------------
-    def part_a(self):
-        n = sum(p.numel() for p in self.params.values())
-        buf, dst = torch.empty(n, device=self.device), torch.empty(n, device=self.device)
-        g = torch.Generator(self.device).manual_seed(0)
 
-        def ours():
-            es.perturb(self.params, self.master, 0, 0, 3, 0.02, False)
-            es.restore(self.params, self.master)
-        r = paired(ours, lambda: (torch.randn(n, generator=g, out=buf), dst.copy_(buf)), self.args.repeats * 5)
-        before = {k: p.detach().clone() for k, p in self.params.items()}
-        for cycle in range(30):
-            es.perturb(self.params, self.master, 0, cycle, cycle, 0.02, False)
-        es.restore(self.params, self.master)
-        ours_changed = sum(int((p.detach() != before[k]).sum()) for k, p in self.params.items())
-        frac, worst = reference_restore_drift(self.model)
-        self.record("a", "perturb+restore vs randn+copy", params=n, **r, restore_changed_after_30=ours_changed,
-                    reference_restore_changed_frac_after_30=frac, reference_restore_max_drift=worst)
+def es_args(args, **kw):
+    return es.Args(model=args.model, prompts=args.prompts, temperature=0.0, batch_size=args.batch_size, **kw)
 
-    # ---- b. scoring a population ---------------------------------------------------------------------------------
-    def score(self, noise, N):
-        a = self.es_args(noise=noise, population=N)
-        timing = {"perturb": 0.0, "generate": 0.0}
-        es.score_members(self.model, self.tok, self.task, self.examples, list(range(N)), self.master, self.params,
-                         a, 0, timing)
-        return timing
 
-    def part_b(self):
-        for N in self.populations():
-            def bound():
-                passk.sample(self.model, self.tok, self.prompts * N, n=1, temperature=0,
-                             max_new_tokens=16, batch_size=self.args.batch_size, entropy=False)
-            for noise in ("full", "lowrank"):
-                r = paired(lambda: self.score(noise, N), bound, self.args.repeats)
-                self.record("b", f"population eval {noise} N={N} vs batched inference", N=N, P=len(self.prompts),
-                            rows=N * len(self.prompts), **r)
+def step_seconds(lines):
+    """Seconds of each step of a grpo.py or es.py log (whose 'wall' is cumulative)."""
+    return np.diff([0.0] + [r["wall"] for r in lines if r["type"] == "train"]).tolist()
 
-    # ---- c. against TRL and against the reference ES loop ----------------------------------------------------------
-    def grpo_run(self, steps, name, eval_every=0):
-        out = os.path.join(self.args.out, "runs", name)
-        a = grpo.Args(model=self.args.model, iterations=steps, eval_every=eval_every, out=out,
-                      batch_size=self.args.batch_size, threads=self.args.threads, device=self.args.device,
-                      eval_problems=self.eval_problems())
-        grpo.train(a)
-        return es.read_log(os.path.join(out, "log.jsonl"))
 
-    def eval_problems(self):
-        return 20 if self.args.quick else 200
+# ---- a. perturb + restore -------------------------------------------------------------------------------------------
+def reference_restore_drift(model, cycles=30, sigma=0.02):
+    """Fraction of weights that are not bit-identical after `cycles` in-place add/subtract cycles (the reference's
+    restore), and the largest deviation; es.py's restore (a copy of the fp32 master) leaves none."""
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    for s in range(cycles):
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=torch.Generator(p.device).manual_seed(s), device=p.device)
+            p.data.add_(sigma * noise)
+            p.data.add_(-sigma * noise)
+    changed = sum(int((p.detach() != before[k]).sum()) for k, p in model.named_parameters())
+    worst = max(float((p.detach() - before[k]).abs().max()) for k, p in model.named_parameters())
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.copy_(before[k])
+    return changed / sum(p.numel() for p in model.parameters()), worst
 
-    def trl_run(self, steps):
-        """TRL's GRPOTrainer with grpo.py's defaults: 32 prompts x 8 completions per optimizer step, generated in one
-        call and split into 4 micro-batches of 64 (grpo.py's --micro-batch), token-mean ('dapo') loss, beta 0,
-        group-std scaling, eps 0.2, lr 2e-4 constant, AdamW (0.9, 0.999, 1e-8), no weight decay, clip 1.0, T = 1."""
-        try:
-            from datasets import Dataset
-            from transformers import TrainerCallback
-            from trl import GRPOConfig, GRPOTrainer
-        except ImportError:
-            return None
-        pool = self.task.examples("train", 2000, seed=grpo.stream_seed(0, "train"))  # grpo.py's pool, --seed 0
-        ds = Dataset.from_list([{"prompt": self.task.prompt(ex), "numbers": ex["numbers"], "target": ex["target"]}
-                                for ex in pool])
-        task = self.task
 
-        def reward(prompts, completions, numbers, target, **kw):  # the completion only, as grpo.py
-            return [task.reward(c, {"numbers": n, "target": t}) for c, n, t in zip(completions, numbers, target)]
-        model, tok = passk.load_model(self.args.model, "fp32", "cpu")
-        cfg = GRPOConfig(output_dir=os.path.join(self.args.out, "runs", "trl"), use_cpu=self.device == "cpu",
-                         bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-                         max_steps=steps, seed=0, per_device_train_batch_size=64, gradient_accumulation_steps=4,
-                         num_generations=8, max_completion_length=16, temperature=1.0, top_p=1.0, top_k=0,
-                         learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-                         weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
-                         epsilon=0.2, num_iterations=1, gradient_checkpointing=False)
-        stamps = []
+def part_a(ctx):
+    """es.py's perturb + restore of every weight against the bound: torch.randn filling as many elements, plus one
+    copy. And the weights left changed after 30 cycles: es.py's restore against the reference's add/subtract."""
+    n = sum(p.numel() for p in ctx.params.values())
+    buf, dst = torch.empty(n, device=ctx.device), torch.empty(n, device=ctx.device)
+    g = torch.Generator(ctx.device).manual_seed(0)
 
-        class Stamp(TrainerCallback):
-            def on_step_end(self, *a, **kw):
-                stamps.append(time.perf_counter())
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
-                              callbacks=[Stamp()])
-        t0 = time.perf_counter()
-        trainer.train()
-        steps_s = np.diff([t0] + stamps).tolist()
-        model.eval()
-        held_out = self.task.examples("test", self.eval_problems(), seed=1234)
-        summary, _ = passk.evaluate(model, tok, self.task, held_out, n=16, batch_size=self.args.batch_size,
-                                    seed=passk.EVAL_SEED)
-        return steps_s, summary
+    def ours():
+        es.perturb(ctx.params, ctx.master, 0, 0, 3, 0.02, False)
+        es.restore(ctx.params, ctx.master)
+    r = paired(ours, lambda: (torch.randn(n, generator=g, out=buf), dst.copy_(buf)), ctx.args.repeats * 5)
+    before = {k: p.detach().clone() for k, p in ctx.params.items()}
+    for cycle in range(30):
+        es.perturb(ctx.params, ctx.master, 0, cycle, cycle, 0.02, False)
+    es.restore(ctx.params, ctx.master)
+    ours_changed = sum(int((p.detach() != before[k]).sum()) for k, p in ctx.params.items())
+    frac, worst = reference_restore_drift(ctx.model)
+    record(ctx, "a", "perturb+restore vs randn+copy", params=n, **r, restore_changed_after_30=ours_changed,
+           reference_restore_changed_frac_after_30=frac, reference_restore_max_drift=worst)
 
-    def part_c(self):
-        steps = self.args.grpo_steps
-        lines = self.grpo_run(steps, "grpo", eval_every=max(1, steps // 6))  # part e's GRPO curve too
-        self.grpo_lines = lines
-        train = [r for r in lines if r["type"] == "train"]
-        ours = np.diff([0.0] + [r["wall"] for r in train]).tolist()
-        ours_eval = [r for r in lines if r["type"] == "eval"][-1]
-        trl = self.trl_run(steps)
-        skip = min(4, steps - 1)  # the first steps warm up
-        rec = {"steps": steps, "median": statistics.median(ours[skip:]), "min": min(ours[skip:]),
-               "max": max(ours[skip:]), "pass@1": ours_eval["pass@1"]}
-        if trl is None:
-            self.record("c", "grpo.py step (TRL not installed: pip install -r requirements-bench.txt)", **rec)
-        else:
-            t, summary = trl
-            self.record("c", "grpo.py step vs TRL GRPOTrainer step", **rec, trl_median=statistics.median(t[skip:]),
-                        trl_min=min(t[skip:]), trl_max=max(t[skip:]), trl_pass_at_1=summary["pass@1"],
-                        speedup=statistics.median(t[skip:]) / rec["median"])
-        its = 2 if self.args.quick else 4
-        ref = [timed(lambda: reference_es_iteration(self.model, self.tok, self.task, self.examples, seed))
-               for seed in range(1 if self.args.quick else 2)]
+
+# ---- b. scoring a population ----------------------------------------------------------------------------------------
+def score(ctx, noise, N):
+    """es.py scoring N members on the P prompts (greedy) with the bench's model, as in one ES iteration."""
+    timing = {"perturb": 0.0, "generate": 0.0}
+    es.score_members(ctx.model, ctx.tok, ctx.task, ctx.examples, list(range(N)), ctx.master, ctx.params,
+                     es_args(ctx.args, noise=noise, population=N), 0, timing)
+    return timing
+
+
+def part_b(ctx):
+    """Scoring a population of N members x P prompts (full-rank members one after another, low-rank ones in one
+    batched generation) against plain batched inference: the same N*P rows, unperturbed, in one passk.sample call."""
+    for N in ctx.populations:
+        def bound():
+            passk.sample(ctx.model, ctx.tok, ctx.prompts * N, n=1, temperature=0, max_new_tokens=16,
+                         batch_size=ctx.args.batch_size, entropy=False)
         for noise in ("full", "lowrank"):
-            out = os.path.join(self.args.out, "runs", f"es-c-{noise}")
-            es.train(self.es_args(noise=noise, iterations=its, eval_every=0, eval_problems=1, out=out,
-                                  threads=self.args.threads, device=self.args.device))
-            train = [r for r in es.read_log(os.path.join(out, "log.jsonl")) if r["type"] == "train"]
-            walls = np.diff([0.0] + [r["wall"] for r in train]).tolist()[1:]
-            self.record("c", f"es.py iteration ({noise}) vs the reference ES loop", median=statistics.median(walls),
-                        min=min(walls), max=max(walls), reference_median=statistics.median(ref),
-                        reference_min=min(ref), reference_max=max(ref),
-                        speedup=statistics.median(ref) / statistics.median(walls))
+            r = paired(lambda: score(ctx, noise, N), bound, ctx.args.repeats)
+            record(ctx, "b", f"population eval {noise} N={N} vs batched inference", N=N, P=len(ctx.prompts),
+                   rows=N * len(ctx.prompts), **r)
 
-    # ---- d. peak memory ---------------------------------------------------------------------------------------------
-    def part_d(self):
-        for job in ("es-full", "es-lowrank", "grpo"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", job, "--model", self.args.model,
-                   "--prompts", str(self.args.prompts), "--batch-size", str(self.args.batch_size),
-                   "--threads", str(self.args.threads), "--device", self.args.device]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            if r.returncode:
-                raise RuntimeError(f"memory worker {job} failed: {r.stderr.strip().splitlines()[-1:]}")
-            self.record("d", f"peak memory: {job}", **json.loads(r.stdout.strip().splitlines()[-1]))
 
-    # ---- e. Pass@1 against generations and seconds ------------------------------------------------------------------
-    def part_e(self):
-        grpo_lines = getattr(self, "grpo_lines", None)  # part c's run, when it ran
-        if grpo_lines is None:
-            grpo_lines = self.grpo_run(self.args.grpo_steps, "grpo", eval_every=max(1, self.args.grpo_steps // 6))
-        curves = {"grpo": grpo_lines}
-        for noise in ("full", "lowrank"):
-            out = os.path.join(self.args.out, "runs", f"es-e-{noise}")
-            es.train(self.es_args(noise=noise, iterations=self.args.es_iterations,
-                                  eval_every=max(1, self.args.es_iterations // 5), out=out,
-                                  eval_problems=self.eval_problems(), threads=self.args.threads,
-                                  device=self.args.device))
-            curves[f"es-{noise}"] = es.read_log(os.path.join(out, "log.jsonl"))
-        points = {}
-        for name, lines in curves.items():
-            pts, gens, wall = [], 0, 0.0
-            for r in lines:
-                if r["type"] == "train":
-                    gens, wall = r["generations"], r["wall"]
-                elif r["type"] == "eval":
-                    pts.append((gens, wall, r["pass@1"], r["pass@16"]))
-            points[name] = pts
-            self.record("e", f"held-out pass@1 over training: {name}", generations=[p[0] for p in pts],
-                        seconds=[p[1] for p in pts], pass_at_1=[p[2] for p in pts], pass_at_16=[p[3] for p in pts],
-                        final_pass_at_1=pts[-1][2], final_generations=pts[-1][0], final_seconds=pts[-1][1])
-        plt = passk.pyplot("bench.py part e")
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-        for name, pts in points.items():
-            axes[0].plot([max(p[0], 1) for p in pts], [p[2] for p in pts], marker="o", label=name)
-            axes[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=name)
-        axes[0].set_xscale("log")
-        axes[0].set_xlabel("sampled generations (training)")
-        axes[1].set_xlabel("seconds (training loop, this machine)")
-        for ax in axes:
-            ax.set_ylabel("held-out pass@1")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.args.out, "bench_cost.png"), dpi=120)
-        plt.close(fig)
+# ---- c. against TRL and against the reference ES loop ---------------------------------------------------------------
+def grpo_run(ctx, steps, name, eval_every=0):
+    out = os.path.join(ctx.args.out, "runs", name)
+    grpo.train(grpo.Args(model=ctx.args.model, iterations=steps, eval_every=eval_every, out=out,
+                         batch_size=ctx.args.batch_size, threads=ctx.args.threads, device=ctx.args.device,
+                         eval_problems=ctx.eval_problems))
+    return es.read_log(os.path.join(out, "log.jsonl"))
 
-    # ---- f. cost growth ---------------------------------------------------------------------------------------------
-    def part_f(self):
-        scratch = {k: v.clone() for k, v in self.master.items()}  # the updates land here, not on the bench's model
-        for N in self.populations():
-            for noise in ("full", "lowrank"):
-                a = self.es_args(noise=noise, population=N)
-                fit = es.shape_fitness(np.arange(N, dtype=float))
-                t = [timed(lambda: (self.score(noise, N), es.es_update(scratch, fit, a, 0)))
-                     for _ in range(self.args.repeats)]
-                self.record("f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
-                            min=min(t), max=max(t), per_member=statistics.median(t) / N)
-        import toy
-        # (hidden, layers, pretraining steps of batch 64): enough for completions that end like the shipped
-        # model's; timing is what is measured here, not quality (tokens per iteration are reported beside)
-        sizes = [(32, 1, 5), (64, 2, 5)] if self.args.quick else [(64, 2, 200), (128, 4, 0), (256, 6, 150)]
-        for hidden, layers, steps in sizes:
-            path = os.path.join(self.args.out, "models", f"toy-h{hidden}-l{layers}") if steps else self.args.model
-            if not os.path.exists(os.path.join(path, "config.json")):
-                toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=3 * hidden,
-                                  heads=4 if hidden >= 64 else 2, steps=steps, batch=64, eval_problems=0,
-                                  threads=self.args.threads))
-            model, tok = passk.load_model(path, "fp32", self.device)
-            master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
-            params = dict(model.named_parameters())
-            scratch = {k: v.clone() for k, v in master.items()}
-            for noise in ("full", "lowrank"):
-                a = self.es_args(noise=noise, population=8 if self.args.quick else 30)
-                fit = es.shape_fitness(np.arange(a.population, dtype=float))
 
-                tokens = []
+def trl_run(ctx, steps):
+    """TRL's GRPOTrainer with grpo.py's defaults: 32 prompts x 8 completions per optimizer step, generated in one
+    call and split into 4 micro-batches of 64 (grpo.py's --micro-batch), token-mean ('dapo') loss, beta 0,
+    group-std scaling, eps 0.2, lr 2e-4 constant, AdamW (0.9, 0.999, 1e-8), no weight decay, clip 1.0, T = 1."""
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError:
+        return None
+    task = ctx.task
+    pool = task.examples("train", 2000, seed=grpo.stream_seed(0, "train"))  # grpo.py's pool, --seed 0
+    ds = Dataset.from_list([{"prompt": task.prompt(ex), "numbers": ex["numbers"], "target": ex["target"]}
+                            for ex in pool])
 
-                def iteration():
-                    timing = {"perturb": 0.0, "generate": 0.0}
-                    scores = es.score_members(model, tok, self.task, self.examples, list(range(a.population)),
-                                              master, params, a, 0, timing)
-                    es.es_update(scratch, fit, a, 0)
-                    tokens.append(sum(s["tokens"] for s in scores.values()))
-                t = [timed(iteration) for _ in range(self.args.repeats)]
-                self.record("f", f"ES iteration vs model size: {noise} {sum(p.numel() for p in params.values())}"
-                            f" params", params=sum(p.numel() for p in params.values()), hidden=hidden,
-                            layers=layers, median=statistics.median(t), min=min(t), max=max(t),
-                            tokens_per_iteration=statistics.median(tokens))
+    def reward(prompts, completions, numbers, target, **kw):  # the completion only, as grpo.py
+        return [task.reward(c, {"numbers": n, "target": t}) for c, n, t in zip(completions, numbers, target)]
+    model, tok = passk.load_model(ctx.args.model, "fp32", "cpu")
+    cfg = GRPOConfig(output_dir=os.path.join(ctx.args.out, "runs", "trl"), use_cpu=ctx.device == "cpu",
+                     bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+                     max_steps=steps, seed=0, per_device_train_batch_size=64, gradient_accumulation_steps=4,
+                     num_generations=8, max_completion_length=16, temperature=1.0, top_p=1.0, top_k=0,
+                     learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+                     weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo", scale_rewards="group",
+                     epsilon=0.2, num_iterations=1, gradient_checkpointing=False)
+    stamps = []
 
-    def populations(self):
-        return [4] if self.args.quick else [int(x) for x in self.args.populations.split(",")]
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            stamps.append(time.perf_counter())
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
+                          callbacks=[Stamp()])
+    t0 = time.perf_counter()
+    trainer.train()
+    model.eval()
+    held_out = task.examples("test", ctx.eval_problems, seed=1234)
+    summary, _ = passk.evaluate(model, tok, task, held_out, n=16, batch_size=ctx.args.batch_size,
+                                seed=passk.EVAL_SEED)
+    return np.diff([t0] + stamps).tolist(), summary
 
 
 def reference_es_iteration(model, tok, task, examples, seed, population=30, sigma=0.02, alpha=0.008):
-    """One iteration of the ES loop of Qiu et al.'s public code (countdown/es_fine-tuning_countdown.py), on a copy:
-    per member, every tensor gets torch.randn from a generator seeded with the member's seed, added in place; one
-    model.generate call on all prompts (greedy, left padding); restore by subtracting the regenerated noise; z-scored
-    rewards; the update regenerates each member's noise per tensor; gc.collect() after each member and around the
-    update, as its force_memory_cleanup() does. Rewards here read the completion only (the reference decodes the
-    prompt too, a known defect that does not change the cost)."""
+    """One iteration of the ES loop of Qiu et al.'s public code (countdown/es_fine-tuning_countdown.py), on the
+    model given: per member, every tensor gets torch.randn from a generator seeded with the member's seed, added in
+    place; one model.generate call on all prompts (greedy, left padding); restore by subtracting the regenerated
+    noise; z-scored rewards; the update regenerates each member's noise per tensor; gc.collect() after each member
+    and around the update, as its force_memory_cleanup() does. Rewards here read the completion only (the reference
+    decodes the prompt too, a known defect that does not change the cost)."""
     rng = np.random.RandomState(seed)
     seeds = rng.randint(0, 2 ** 30, size=population).tolist()
     prompts = [task.prompt(ex) for ex in examples]
@@ -370,23 +274,38 @@ def reference_es_iteration(model, tok, task, examples, seed, population=30, sigm
     gc.collect()
 
 
-def reference_restore_drift(model, cycles=30, sigma=0.02):
-    """Fraction of weights that are not bit-identical after `cycles` in-place add/subtract cycles (the reference's
-    restore), and the largest deviation; es.py's restore (a copy of the fp32 master) leaves none."""
-    before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    for s in range(cycles):
-        for p in model.parameters():
-            noise = torch.randn(p.shape, generator=torch.Generator(p.device).manual_seed(s), device=p.device)
-            p.data.add_(sigma * noise)
-            p.data.add_(-sigma * noise)
-    changed = sum(int((p.detach() != before[k]).sum()) for k, p in model.named_parameters())
-    worst = max(float((p.detach() - before[k]).abs().max()) for k, p in model.named_parameters())
-    with torch.no_grad():
-        for k, p in model.named_parameters():
-            p.copy_(before[k])
-    return changed / sum(p.numel() for p in model.parameters()), worst
+def part_c(ctx):
+    """grpo.py's step against TRL's GRPOTrainer step (same model, prompts, group, max tokens, loss, lr), with the
+    held-out Pass@1 each reaches in as many steps; es.py's iteration (full-rank, low-rank) against the reference ES
+    loop of Qiu et al. (reference_es_iteration)."""
+    args, steps = ctx.args, ctx.args.grpo_steps
+    ctx.grpo_lines = grpo_run(ctx, steps, "grpo", eval_every=max(1, steps // 6))  # part e's GRPO curve too
+    ours = step_seconds(ctx.grpo_lines)
+    ours_eval = [r for r in ctx.grpo_lines if r["type"] == "eval"][-1]
+    trl = trl_run(ctx, steps)
+    skip = min(4, steps - 1)  # the first steps warm up
+    rec = {"steps": steps, "median": statistics.median(ours[skip:]), "min": min(ours[skip:]),
+           "max": max(ours[skip:]), "pass@1": ours_eval["pass@1"]}
+    if trl is None:
+        record(ctx, "c", "grpo.py step (TRL not installed: pip install -r requirements-bench.txt)", **rec)
+    else:
+        t, summary = trl
+        record(ctx, "c", "grpo.py step vs TRL GRPOTrainer step", **rec, trl_median=statistics.median(t[skip:]),
+               trl_min=min(t[skip:]), trl_max=max(t[skip:]), trl_pass_at_1=summary["pass@1"],
+               speedup=statistics.median(t[skip:]) / rec["median"])
+    ref = [timed(lambda: reference_es_iteration(ctx.model, ctx.tok, ctx.task, ctx.examples, seed))
+           for seed in range(1 if args.quick else 2)]
+    for noise in ("full", "lowrank"):
+        out = os.path.join(args.out, "runs", f"es-c-{noise}")
+        es.train(es_args(args, noise=noise, iterations=2 if args.quick else 4, eval_every=0, eval_problems=1,
+                         out=out, threads=args.threads, device=args.device))
+        walls = step_seconds(es.read_log(os.path.join(out, "log.jsonl")))[1:]  # the first iteration warms up
+        record(ctx, "c", f"es.py iteration ({noise}) vs the reference ES loop", median=statistics.median(walls),
+               min=min(walls), max=max(walls), reference_median=statistics.median(ref), reference_min=min(ref),
+               reference_max=max(ref), speedup=statistics.median(ref) / statistics.median(walls))
 
 
+# ---- d. peak memory -------------------------------------------------------------------------------------------------
 def _status_kb(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
@@ -451,6 +370,114 @@ def worker(args):
     print(json.dumps(rec))
 
 
+def part_d(ctx):
+    """Peak memory of an ES iteration (full-rank, low-rank) against a GRPO step on the same model and prompts, each
+    in a fresh process (worker(), through this script's --worker), so that no peak hides another."""
+    args = ctx.args
+    for job in ("es-full", "es-lowrank", "grpo"):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", job, "--model", args.model, "--prompts",
+               str(args.prompts), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+               "--device", args.device]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if r.returncode:
+            raise RuntimeError(f"memory worker {job} failed: {r.stderr.strip().splitlines()[-1:]}")
+        record(ctx, "d", f"peak memory: {job}", **json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+# ---- e. Pass@1 against generations and seconds ----------------------------------------------------------------------
+def part_e(ctx):
+    """Held-out Pass@1 against sampled generations and against seconds, ES (full-rank, low-rank) vs GRPO: the
+    paper's missing cost figure, OUT/bench_cost.png."""
+    args = ctx.args
+    if ctx.grpo_lines is None:  # part c did not run
+        ctx.grpo_lines = grpo_run(ctx, args.grpo_steps, "grpo", eval_every=max(1, args.grpo_steps // 6))
+    curves = {"grpo": ctx.grpo_lines}
+    for noise in ("full", "lowrank"):
+        out = os.path.join(args.out, "runs", f"es-e-{noise}")
+        es.train(es_args(args, noise=noise, iterations=args.es_iterations,
+                         eval_every=max(1, args.es_iterations // 5), out=out, eval_problems=ctx.eval_problems,
+                         threads=args.threads, device=args.device))
+        curves[f"es-{noise}"] = es.read_log(os.path.join(out, "log.jsonl"))
+    points = {}
+    for name, lines in curves.items():
+        pts, gens, wall = [], 0, 0.0  # each eval at the generations and seconds of the train line before it
+        for r in lines:
+            if r["type"] == "train":
+                gens, wall = r["generations"], r["wall"]
+            elif r["type"] == "eval":
+                pts.append((gens, wall, r["pass@1"], r["pass@16"]))
+        points[name] = pts
+        record(ctx, "e", f"held-out pass@1 over training: {name}", generations=[p[0] for p in pts],
+               seconds=[p[1] for p in pts], pass_at_1=[p[2] for p in pts], pass_at_16=[p[3] for p in pts],
+               final_pass_at_1=pts[-1][2], final_generations=pts[-1][0], final_seconds=pts[-1][1])
+    plt = passk.pyplot("bench.py part e")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, pts in points.items():
+        axes[0].plot([max(p[0], 1) for p in pts], [p[2] for p in pts], marker="o", label=name)
+        axes[1].plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=name)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("sampled generations (training)")
+    axes[1].set_xlabel("seconds (training loop, this machine)")
+    for ax in axes:
+        ax.set_ylabel("held-out pass@1")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "bench_cost.png"), dpi=120)
+    plt.close(fig)
+
+
+# ---- f. cost growth -------------------------------------------------------------------------------------------------
+def toy_size(args, hidden, layers, steps):
+    """Part f's model of that size: built by toy.py and cached in OUT/models (steps 0: args.model itself)."""
+    import toy
+    path = os.path.join(args.out, "models", f"toy-h{hidden}-l{layers}") if steps else args.model
+    if not os.path.exists(os.path.join(path, "config.json")):
+        toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=3 * hidden,
+                          heads=4 if hidden >= 64 else 2, steps=steps, batch=64, eval_problems=0,
+                          threads=args.threads))
+    return path
+
+
+def part_f(ctx):
+    """How the cost grows: seconds per ES iteration (scoring + update), full-rank and low-rank, against population
+    size N and against model size."""
+    args = ctx.args
+    scratch = {k: v.clone() for k, v in ctx.master.items()}  # the updates land here, not on the bench's model
+    for N in ctx.populations:
+        for noise in ("full", "lowrank"):
+            a = es_args(args, noise=noise, population=N)
+            fit = es.shape_fitness(np.arange(N, dtype=float))
+            t = [timed(lambda: (score(ctx, noise, N), es.es_update(scratch, fit, a, 0))) for _ in range(args.repeats)]
+            record(ctx, "f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
+                   min=min(t), max=max(t), per_member=statistics.median(t) / N)
+    # (hidden, layers, pretraining steps of batch 64): enough for completions that end like the shipped
+    # model's; timing is what is measured here, not quality (tokens per iteration are reported beside)
+    sizes = [(32, 1, 5), (64, 2, 5)] if args.quick else [(64, 2, 200), (128, 4, 0), (256, 6, 150)]
+    for hidden, layers, steps in sizes:
+        model, tok = passk.load_model(toy_size(args, hidden, layers, steps), "fp32", ctx.device)
+        master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+        params = dict(model.named_parameters())
+        n = sum(p.numel() for p in params.values())
+        scratch = {k: v.clone() for k, v in master.items()}
+        for noise in ("full", "lowrank"):
+            a = es_args(args, noise=noise, population=8 if args.quick else 30)
+            fit = es.shape_fitness(np.arange(a.population, dtype=float))
+            tokens = []
+
+            def iteration():
+                timing = {"perturb": 0.0, "generate": 0.0}
+                scores = es.score_members(model, tok, ctx.task, ctx.examples, list(range(a.population)), master,
+                                          params, a, 0, timing)
+                es.es_update(scratch, fit, a, 0)
+                tokens.append(sum(s["tokens"] for s in scores.values()))
+            t = [timed(iteration) for _ in range(args.repeats)]
+            record(ctx, "f", f"ES iteration vs model size: {noise} {n} params", params=n, hidden=hidden,
+                   layers=layers, median=statistics.median(t), min=min(t), max=max(t),
+                   tokens_per_iteration=statistics.median(tokens))
+
+
+# ---- the table and the driver ---------------------------------------------------------------------------------------
 def print_table(records):
     print("\n== bench: medians (min..max) ==")
     for r in records:
@@ -479,7 +506,11 @@ def print_table(records):
         print(line)
 
 
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}
+
+
 def run(args):
+    """The selected parts in the order given, then the table (with --worker: one part-d measurement)."""
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set("abcdef"):
@@ -496,15 +527,15 @@ def run(args):
     shutil.rmtree(os.path.join(args.out, "runs"), ignore_errors=True)  # bench.py's own training runs, redone
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "bench.jsonl"), "w").close()
-    b = Bench(args)
+    ctx = setup(args)
     t0 = time.perf_counter()
     for part in parts:
         t1 = time.perf_counter()
-        getattr(b, f"part_{part}")()
+        PARTS[part](ctx)
         print(f"[{part}] done in {time.perf_counter() - t1:.0f} s", flush=True)
-    print_table(b.records)
+    print_table(ctx.records)
     print(f"bench: {time.perf_counter() - t0:.0f} s; {os.path.join(args.out, 'bench.jsonl')}")
-    return b.records
+    return ctx.records
 
 
 def main(args):

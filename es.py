@@ -104,6 +104,10 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
+    report_to: str = "none"
+    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb"""
+    run_name: str = ""
+    """the run's name in the trackers ('': the --out folder's name)"""
 
 
 class RunError(Exception):
@@ -430,6 +434,7 @@ def select_params(model, spec):
 def check_args(args):
     """Every flag against the range or choices in its doc (passk.check_fields), then what no single flag shows."""
     passk.check_fields(args)
+    passk.parse_report_to(args.report_to)
     if args.antithetic and args.population % 2:
         raise verify.UsageError(f"--antithetic needs an even --population, got {args.population}")
 
@@ -496,9 +501,12 @@ def read_log(path):
     return records
 
 
-def log_line(path, rec):
+def log_line(path, rec, tracker=None):
+    """Append one record to log.jsonl, and send it to the live trackers (--report-to) under the same names."""
     with open(path, "a") as f:
         f.write(json.dumps(rec) + "\n")
+    if tracker is not None:
+        tracker.log(rec)
 
 
 def setup_distributed(args):
@@ -520,23 +528,27 @@ def setup_distributed(args):
 
 
 # ---- the loop -----------------------------------------------------------------------------------------------------
-def train(args, model=None, tokenizer=None, evaluate_start=True):
+def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     """Run ES; returns (model, tokenizer), the model holding the fp32 master weights. model/tokenizer: already loaded
-    (e.g. by a schedule), else args.model is loaded; evaluate_start=False skips the held-out eval at iteration 0."""
+    (e.g. by a schedule), else args.model is loaded; evaluate_start=False skips the held-out eval at iteration 0;
+    tracker: a schedule's passk.Tracker (else --report-to opens this run's own)."""
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
         if ckpt is None:
             raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
         saved, state = read_checkpoint(ckpt)
-        default, free = Args(), ("iterations", "resume", "out", "device", "threads")
+        default, free = Args(), ("iterations", "resume", "out", "device", "threads", "report_to", "run_name")
         changed = [k for k, v in dataclasses.asdict(args).items()
                    if k not in free and v != getattr(default, k) and v != saved.get(k)]
         if changed:
-            raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device and --threads may "
-                                    f"change (got --{changed[0].replace('_', '-')})")
+            raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
+                                    f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
-                       "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
+                       **{k: getattr(args, k) or saved.get(k, getattr(default, k))
+                          for k in ("device", "threads", "run_name")},
+                       "report_to": args.report_to if args.report_to != default.report_to
+                       else saved.get("report_to", default.report_to)})
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
@@ -571,6 +583,10 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
             os.replace(log_path + ".tmp", log_path)
+    own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
+    if own_tracker:
+        tracker = passk.open_tracker(args, {"algo": "es", **dataclasses.asdict(args)},
+                                     resume_from=start_it + 1 if start_it else None, rank=rank)
     gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
 
     def evaluate(t):
@@ -578,7 +594,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
                                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                     seed=passk.EVAL_SEED, rank=rank, world=world)
         if rank == 0:
-            log_line(log_path, {"type": "eval", "iteration": t, **summary})
+            log_line(log_path, {"type": "eval", "iteration": t, **summary}, tracker)
             print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
                                                 if k.startswith("pass@") or k.endswith("entropy")), flush=True)
 
@@ -633,7 +649,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
                    "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
                    "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
                    "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
-            log_line(log_path, rec)
+            log_line(log_path, rec, tracker)
             bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}",
                             cov=f"{rec['coverage']:.2f}")
             tqdm.write(f"it {t + 1:4d}  reward {rec['reward']:.3f}±{rec['reward_std']:.3f}  answer {rec['answer']:.3f}"
@@ -647,6 +663,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
                                                              "tokens": tokens, "wall": wall})
         if world > 1:
             dist.barrier()
+    if own_tracker and tracker is not None:
+        tracker.close()
     cast_params(model, torch.float32)  # hand back the exact fp32 master (what the checkpoint holds), e.g. to a schedule
     restore(dict(model.named_parameters()), master)
     return model, tokenizer

@@ -1,8 +1,12 @@
 """grpo.py: GRPO post-training of a causal LM, the faithful baseline (DeepSeekMath GRPO, DAPO, Dr. GRPO, TRL defaults).
 
-for step t = 1..T:  (1) sample G completions for each prompt,  (2) rewards and group-relative advantages,
-(3) token log-probabilities, the clipped surrogate, optional KL to a frozen reference, the loss aggregation,
-(4) one AdamW step (gradient accumulation over micro-batches, gradient clipping); repeated --inner-epochs times.
+for step t = 1..T, train() runs one function per step (after setup(): resume, model, reference, optimizer, DDP, log):
+  (1) rollouts      G completions for each of this rank's prompts (passk.sample)
+  (2) score         rewards and group-relative advantages (advantages; the batch std over every rank's rewards)
+  (3) train_batch   the rows worth training, the whole step's normalisers, frozen old / reference log-probabilities;
+                    the loss: backward_step (token_logprobs, surrogate, kl_k3, aggregate) over micro-batches
+  (4) update        gradient clipping and one AdamW step, --inner-epochs times on the same rollouts
+  (5) step_sums, step_record, evaluate, save_checkpoint: the "train" record, held-out Pass@k, the checkpoint
 
     python grpo.py                                           # the embedded model on the toy task, a few minutes
     torchrun --nproc_per_node 8 grpo.py --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --group 8 --prompts 64 \\
@@ -30,6 +34,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -104,6 +109,10 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
+    report_to: str = "none"
+    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb"""
+    run_name: str = ""
+    """the run's name in the trackers ('': the --out folder's name)"""
 
 
 class RunError(Exception):
@@ -115,7 +124,21 @@ def stream_seed(*key) -> int:
     return int.from_bytes(hashlib.blake2b(":".join(map(str, key)).encode(), digest_size=8).digest(), "big") >> 1
 
 
-# ---- 2. advantages --------------------------------------------------------------------------------------------------
+# ---- 1. rollouts ----------------------------------------------------------------------------------------------------
+def rollouts(model, tokenizer, task, train_pool, args, t, rank=0, world=1):
+    """(this rank's share of step t's prompts, passk.Samples of G completions each): every rank draws the same prompts
+    from (seed, t); sampled under their global indices, the rollouts do not depend on the world size."""
+    rng = random.Random(stream_seed(args.seed, "prompts", t))
+    batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))[rank::world]
+    model.eval()
+    s = passk.sample(model, tokenizer, [task.prompt(ex, tokenizer) for ex in batch], n=args.group,
+                     temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                     batch_size=args.batch_size, seed=stream_seed(args.seed, "rollout", t),
+                     keys=range(rank, world * len(batch), world))
+    return batch, s
+
+
+# ---- 2. score: rewards and group-relative advantages ----------------------------------------------------------------
 def advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
     """rewards [P, G] -> (r - group mean) / (std + 1e-4); std unbiased, of the group, the batch, or none (Dr. GRPO).
     A group whose rewards are all equal gets exactly 0: in float32 the mean of eight 0.1s is not 0.1, and the
@@ -129,6 +152,26 @@ def advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
     if scale == "none":
         return centered
     raise verify.UsageError(f"unknown --scale-rewards {scale!r} (choose from: group, batch, none)")
+
+
+def score(task, batch, texts, args, t=0, rank=0, world=1, device="cpu"):
+    """(reward parts, rewards [P, G] of all ranks: for the batch std and the log, advantages [B]) of this rank's
+    completions texts, args.group per example of batch, prompt-major."""
+    ex_of = [batch[r // args.group] for r in range(len(texts))]
+    parts = [task.parts(c, ex) for c, ex in zip(texts, ex_of)]
+    rewards = torch.tensor([task.reward_from(p) for p in parts], dtype=torch.float32).view(-1, args.group)
+    if not torch.isfinite(rewards).all():
+        raise RunError(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
+    all_rewards = rewards
+    if world > 1:
+        everyone = [torch.zeros_like(rewards, device=device) for _ in range(world)]
+        dist.all_gather(everyone, rewards.to(device))
+        all_rewards = torch.cat(everyone).cpu()
+    if args.scale_rewards == "batch":
+        adv = advantages(all_rewards, "batch")[rank * len(batch):(rank + 1) * len(batch)]
+    else:
+        adv = advantages(rewards, args.scale_rewards)
+    return parts, all_rewards, adv.reshape(-1)  # one advantage per completion
 
 
 # ---- 3. log-probabilities and the loss -------------------------------------------------------------------------------
@@ -226,6 +269,94 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
     return stats
 
 
+def train_batch(s, adv, pad, model, ref, args, world=1, device="cpu", autocast=None):
+    """backward_step's (batch, old_logp, ref_logp, n_seqs, n_tokens) of rollouts s and advantages adv: the rows worth a
+    forward, packed; the whole step's counts (all ranks); frozen log-probs of model (inner epochs) and ref, or None."""
+    ids, attn, comp = pack(s.prompt_ids, s.completion_ids, pad)
+    ids, attn, comp, adv = ids.to(device), attn.to(device), comp.to(device).float(), adv.to(device)
+    # normalisers over the whole step: all micro-batches, all ranks (DDP averages gradients, hence * world)
+    counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(counts)
+    rows = informative_rows(adv, args.beta)  # skip what contributes exactly nothing
+    width = int(attn[rows].sum(1).max())  # and the padding columns no kept row reaches
+    ids, attn, comp, adv = ids[rows, :width], attn[rows, :width], comp[rows, :width - 1], adv[rows]
+    mb = args.micro_batch
+
+    def frozen(m):  # log-probs of m, no gradient, in micro-batches
+        return torch.cat([token_logprobs(m, ids[i:i + mb], attn[i:i + mb], args.temperature)[0]
+                          for i in range(0, ids.shape[0], mb)])
+    with torch.no_grad(), autocast or nullcontext():
+        old_logp = frozen(model) if args.inner_epochs > 1 else None
+        ref_logp = frozen(ref) if ref is not None else None
+    return (ids, attn, comp, adv), old_logp, ref_logp, float(counts[0]), float(counts[1])
+
+
+# ---- 4. update ------------------------------------------------------------------------------------------------------
+def update(model, opt, batch, old_logp, ref_logp, args, n_seqs, n_tokens, world=1, autocast=None, ddp=None):
+    """args.inner_epochs AdamW steps, each on the clipped accumulated gradient (backward_step, through ddp if given).
+    Returns this rank's loss and clip sums over the epochs and kl sum of the first (of the rollout policy)."""
+    model.train()
+    stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0}
+    for epoch in range(args.inner_epochs):
+        opt.zero_grad(set_to_none=True)
+        for k, v in backward_step(model if ddp is None else ddp, batch, old_logp, ref_logp, args, n_seqs, n_tokens,
+                                  world, autocast).items():
+            stats[k] += v if k in ("loss", "clip") or epoch == 0 else 0.0
+        if args.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+    return stats
+
+
+# ---- 5. log, evaluate, checkpoint -----------------------------------------------------------------------------------
+def step_sums(s, parts, stats, n_rows, n_seqs, n_tokens, world=1, device="cpu"):
+    """The step's sums over ranks: generated tokens (EOS included), format, answer, entropy (the sampler's, exact),
+    clip, kl, rows forwarded; and train_batch's completions and completion tokens (already over all ranks)."""
+    sums = torch.tensor([s.tokens, sum(p["format"] for p in parts), sum(p["answer"] for p in parts),
+                         sum(s.entropy_sum), stats["clip"], stats["kl"], float(n_rows)], dtype=torch.float64,
+                        device=device)
+    if world > 1:
+        dist.all_reduce(sums)
+    return {**dict(zip(("generated", "format", "answer", "entropy", "clip", "kl", "rows"), sums.tolist())),
+            "completions": n_seqs, "completion_tokens": n_tokens}
+
+
+def step_record(t, all_rewards, sums, loss, inner_epochs, totals, t_gen, t_update):
+    """Step t's "train" record from score's all_rewards, step_sums, update's loss, the totals so far, the timings."""
+    n_comp, n_tok = sums["completions"], sums["completion_tokens"]
+    return {"type": "train", "iteration": t + 1, "reward": float(all_rewards.mean()),
+            "reward_std": float(all_rewards.std()), "reward_min": float(all_rewards.min()),
+            "reward_max": float(all_rewards.max()), "format": sums["format"] / n_comp,
+            "answer": sums["answer"] / n_comp, "token_entropy": sums["entropy"] / max(n_tok, 1),
+            "clip_frac": sums["clip"] / max(n_tok * inner_epochs, 1), "kl": sums["kl"] / max(n_tok, 1),
+            "loss": loss / inner_epochs, "zero_std_frac": float((all_rewards.std(dim=1) == 0).float().mean()),
+            "trained_frac": sums["rows"] / n_comp, "mean_length": n_tok / n_comp,
+            "generations": totals["generations"], "tokens": totals["tokens"], "wall": totals["wall"],
+            "time_generate": t_gen, "time_update": t_update}
+
+
+def progress(bar, rec):
+    """A "train" record on the progress bar and as one line on stderr."""
+    bar.set_postfix(reward=f"{rec['reward']:.3f}", H=f"{rec['token_entropy']:.2f}")
+    bar.write(f"step {rec['iteration']:4d}  reward {rec['reward']:.3f}  answer {rec['answer']:.3f}  "
+              f"H {rec['token_entropy']:.3f}  clip {rec['clip_frac']:.3f}  kl {rec['kl']:.4f}  "
+              f"zero-std {rec['zero_std_frac']:.2f}  len {rec['mean_length']:.1f}", file=sys.stderr)
+
+
+def evaluate(run, t):
+    """Held-out Pass@1..eval_n of run's policy after t steps: the one place that writes "eval" records (rank 0)."""
+    run.model.eval()
+    summary, _ = passk.evaluate(run.model, run.tokenizer, run.task, run.held_out, n=run.args.eval_n,
+                                temperature=1.0, max_new_tokens=run.args.max_new_tokens,
+                                batch_size=run.args.batch_size, seed=passk.EVAL_SEED, rank=run.rank, world=run.world)
+    if run.rank == 0:
+        log_line(run.log_path, {"type": "eval", "iteration": t, **summary}, run.tracker)
+        print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
+                                            if k.startswith("pass@") or k.endswith("entropy")), flush=True)
+    return summary
+
+
 # ---- setup, checkpoints ---------------------------------------------------------------------------------------------
 def check_args(args, world=1):
     """Every flag against the range or choices in its doc (passk.check_fields), then what no single flag shows."""
@@ -233,6 +364,7 @@ def check_args(args, world=1):
         raise verify.UsageError(f"--temperature must be > 0: at {args.temperature} (greedy) every completion of a "
                                 f"group is the same, every advantage is 0 and GRPO learns nothing")
     passk.check_fields(args)
+    passk.parse_report_to(args.report_to)
     per_step = min(args.prompts, args.train_problems)
     if per_step < 1 or per_step % world:
         raise verify.UsageError(f"--prompts (at most --train-problems) must be a positive multiple of the world size "
@@ -296,9 +428,12 @@ def read_log(path):
     return records
 
 
-def log_line(path, rec):
+def log_line(path, rec, tracker=None):
+    """Append one record to log.jsonl, and send it to the live trackers (--report-to) under the same names."""
     with open(path, "a") as f:
         f.write(json.dumps(rec) + "\n")
+    if tracker is not None:
+        tracker.log(rec)
 
 
 def setup_distributed(args):
@@ -319,27 +454,50 @@ def setup_distributed(args):
     return rank, world, device
 
 
-# ---- the loop -------------------------------------------------------------------------------------------------------
-def train(args, model=None, tokenizer=None, evaluate_start=True):
-    """Run GRPO; returns (model, tokenizer). model/tokenizer: already loaded (e.g. by a schedule), else args.model is
-    loaded; evaluate_start=False skips the held-out evaluation at step 0."""
-    start_it, state, ckpt = 0, {}, None
-    if args.resume:
-        ckpt = latest_checkpoint(args.resume)
-        if ckpt is None:
-            raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
-        saved, state = read_checkpoint(ckpt)
-        default, free = Args(), ("iterations", "resume", "out", "device", "threads")
-        changed = [k for k, v in dataclasses.asdict(args).items()
-                   if k not in free and v != getattr(default, k) and v != saved.get(k)]
-        if changed:
-            raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device and --threads may "
-                                    f"change (got --{changed[0].replace('_', '-')})")
-        args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
-                       "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
-        start_it = state["iteration"]
-    elif latest_checkpoint(args.out):
-        raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
+def resumed(args):
+    """(args, checkpoint, state): --resume continues the saved run (its flags, its latest checkpoint), else none."""
+    if not args.resume:
+        if latest_checkpoint(args.out):
+            raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, "
+                                    f"or a new --out")
+        return args, None, {}
+    ckpt = latest_checkpoint(args.resume)
+    if ckpt is None:
+        raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
+    saved, state = read_checkpoint(ckpt)
+    default, free = Args(), ("iterations", "resume", "out", "device", "threads", "report_to", "run_name")
+    changed = [k for k, v in dataclasses.asdict(args).items()
+               if k not in free and v != getattr(default, k) and v != saved.get(k)]
+    if changed:
+        raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
+                                f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
+    args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
+                   **{k: getattr(args, k) or saved.get(k, getattr(default, k))
+                      for k in ("device", "threads", "run_name")},
+                   "report_to": args.report_to if args.report_to != default.report_to
+                   else saved.get("report_to", default.report_to)})
+    return args, ckpt, state
+
+
+def open_log(args, rank, start_it):
+    """OUT/log.jsonl: a new run's "config" record (rank 0); resumed, the lines after the checkpoint are dropped."""
+    log_path = os.path.join(args.out, "log.jsonl")
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        if start_it == 0:
+            open(log_path, "w").write(json.dumps({"type": "config", "algo": "grpo", **dataclasses.asdict(args)}) + "\n")
+        else:  # those lines are about to be redone
+            with open(log_path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
+            os.replace(log_path + ".tmp", log_path)
+    return log_path
+
+
+def setup(args, model=None, tokenizer=None):
+    """What the steps share, as a namespace: args (a resumed run's), rank, world, device, task, model (unless given or
+    resumed: args.model's), tokenizer, ddp (model, under DDP when world > 1), ref (the frozen reference when beta > 0,
+    else None), opt (AdamW), autocast, train_pool, held_out, pad, log_path, start_it (steps done), state (resumed)."""
+    args, ckpt, state = resumed(args)
     check_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
@@ -365,132 +523,65 @@ def train(args, model=None, tokenizer=None, evaluate_start=True):
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     held_out = task.examples("test", args.eval_problems, seed=1234)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    log_path = os.path.join(args.out, "log.jsonl")
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        if start_it == 0:
-            open(log_path, "w").write(json.dumps({"type": "config", "algo": "grpo", **dataclasses.asdict(args)}) + "\n")
-        else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
-            with open(log_path + ".tmp", "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
-            os.replace(log_path + ".tmp", log_path)
-    gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
+    start_it = state.get("iteration", 0)
+    return SimpleNamespace(args=args, rank=rank, world=world, device=device, task=task, model=model,
+                           tokenizer=tokenizer, ddp=ddp, ref=ref, opt=opt, autocast=autocast, train_pool=train_pool,
+                           held_out=held_out, pad=pad, log_path=open_log(args, rank, start_it), start_it=start_it,
+                           state=state, tracker=None)
 
-    def evaluate(t):
-        model.eval()
-        summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
-                                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    seed=passk.EVAL_SEED, rank=rank, world=world)
-        if rank == 0:
-            log_line(log_path, {"type": "eval", "iteration": t, **summary})
-            print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
-                                                if k.startswith("pass@") or k.endswith("entropy")), flush=True)
 
-    if start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
-        evaluate(0)
+# ---- the loop -------------------------------------------------------------------------------------------------------
+def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
+    """Run GRPO; returns (model, tokenizer). model/tokenizer: already loaded (e.g. by a schedule), else args.model is
+    loaded; evaluate_start=False skips the held-out evaluation at step 0; tracker: a schedule's passk.Tracker (else
+    --report-to opens this run's own)."""
+    run = setup(args, model, tokenizer)
+    args, model, rank, world, device = run.args, run.model, run.rank, run.world, run.device
+    run.tracker = tracker or passk.open_tracker(args, {"algo": "grpo", **dataclasses.asdict(args)},
+                                                resume_from=run.start_it + 1 if run.start_it else None, rank=rank)
+    totals = {k: run.state.get(k, zero) for k, zero in (("generations", 0), ("tokens", 0), ("wall", 0.0))}
+    if run.start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
+        evaluate(run, 0)
     from tqdm import tqdm
-    bar = tqdm(range(start_it, args.iterations), desc="grpo", disable=rank != 0, file=sys.stderr,
-               initial=start_it, total=args.iterations)
+    bar = tqdm(range(run.start_it, args.iterations), desc="grpo", disable=rank != 0, file=sys.stderr,
+               initial=run.start_it, total=args.iterations)
     for t in bar:
         t0 = time.time()
-        # 1. this rank's share of the step's prompts, G samples each
-        rng = random.Random(stream_seed(args.seed, "prompts", t))
-        batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))[rank::world]
-        model.eval()
-        s = passk.sample(model, tokenizer, [task.prompt(ex, tokenizer) for ex in batch], n=args.group,
-                         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                         batch_size=args.batch_size, seed=stream_seed(args.seed, "rollout", t),
-                         keys=range(rank, world * len(batch), world))  # global indices: rollouts independent of world
+        # ---- 1. this rank's share of the step's prompts, G completions each
+        batch, s = rollouts(model, run.tokenizer, run.task, run.train_pool, args, t, rank, world)
         t_gen = time.time() - t0
-        # 2. rewards and group-relative advantages (batch std over all ranks' rewards)
-        ex_of = [batch[r // args.group] for r in range(len(s.texts))]
-        parts = [task.parts(c, ex) for c, ex in zip(s.texts, ex_of)]
-        rewards = torch.tensor([task.reward_from(p) for p in parts], dtype=torch.float32).view(-1, args.group)
-        if not torch.isfinite(rewards).all():
-            raise RunError(f"non-finite reward at step {t + 1}; last good checkpoint: {latest_checkpoint(args.out)}")
-        all_rewards = rewards  # [P, G] over all ranks: for the batch std and the log
-        if world > 1:
-            everyone = [torch.zeros_like(rewards, device=device) for _ in range(world)]
-            dist.all_gather(everyone, rewards.to(device))
-            all_rewards = torch.cat(everyone).cpu()
-        if args.scale_rewards == "batch":
-            adv = advantages(all_rewards, "batch")[rank * len(batch):(rank + 1) * len(batch)]
-        else:
-            adv = advantages(rewards, args.scale_rewards)
-        adv = adv.reshape(-1)  # [B] one advantage per completion
-        ids, attn, comp = pack(s.prompt_ids, s.completion_ids, pad)
-        ids, attn, comp, adv = ids.to(device), attn.to(device), comp.to(device).float(), adv.to(device)
-        # normalisers over the whole step: all micro-batches, all ranks (DDP averages gradients, hence * world)
-        counts = torch.tensor([len(s.texts), float(comp.sum())], dtype=torch.float64, device=device)
-        if world > 1:
-            dist.all_reduce(counts)
-        n_seqs, n_tokens = float(counts[0]), float(counts[1])
-        rows = informative_rows(adv, args.beta)  # skip what contributes exactly nothing
-        width = int(attn[rows].sum(1).max())  # and the padding columns no kept row reaches
-        ids, attn, comp, adv = ids[rows, :width], attn[rows, :width], comp[rows, :width - 1], adv[rows]
-        batch_t = (ids, attn, comp, adv)
-        B, mb = ids.shape[0], args.micro_batch
-        old_logp = ref_logp = None  # frozen log-probs of the rollout policy (inner epochs) and of the reference
-        if args.inner_epochs > 1 or ref is not None:
-            with torch.no_grad(), autocast:
-                if args.inner_epochs > 1:
-                    old_logp = torch.cat([token_logprobs(model, ids[i:i + mb], attn[i:i + mb], args.temperature)[0]
-                                          for i in range(0, B, mb)])
-                if ref is not None:
-                    ref_logp = torch.cat([token_logprobs(ref, ids[i:i + mb], attn[i:i + mb], args.temperature)[0]
-                                          for i in range(0, B, mb)])
-        # 3.-4. loss, accumulated gradients, one AdamW step per inner epoch
-        model.train()
-        stats = {"loss": 0.0, "clip": 0.0, "kl": 0.0}
-        for epoch in range(args.inner_epochs):
-            opt.zero_grad(set_to_none=True)
-            for k, v in backward_step(ddp, batch_t, old_logp, ref_logp, args, n_seqs, n_tokens, world,
-                                      autocast).items():
-                stats[k] += v if k in ("loss", "clip") or epoch == 0 else 0.0  # kl: of the rollout policy
-            if args.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            opt.step()
-        # step metrics summed over ranks (completions and their tokens are n_seqs, n_tokens above): generated tokens
-        # (EOS included), format, answer, entropy (the sampler's, exact, of the rollout policy at the rollout
-        # temperature), clip, kl, rows forwarded
-        sums = torch.tensor([s.tokens, sum(p["format"] for p in parts), sum(p["answer"] for p in parts),
-                             sum(s.entropy_sum), stats["clip"], stats["kl"], float(B)], dtype=torch.float64,
-                            device=device)
-        if world > 1:
-            dist.all_reduce(sums)
-        n_gen, n_format, n_answer, ent, clip, kl, n_rows = sums.tolist()
-        n_comp, n_tok = n_seqs, n_tokens
+        # ---- 2. rewards and group-relative advantages
+        parts, all_rewards, adv = score(run.task, batch, s.texts, args, t, rank, world, device)
+        # ---- 3. the rows to train, the whole step's normalisers, frozen old / reference log-probabilities
+        rows, old_logp, ref_logp, n_seqs, n_tokens = train_batch(s, adv, run.pad, model, run.ref, args, world,
+                                                                 device, run.autocast)
+        # ---- 4. the loss's accumulated gradient, one AdamW step per inner epoch
+        stats = update(model, run.opt, rows, old_logp, ref_logp, args, n_seqs, n_tokens, world, run.autocast,
+                       run.ddp)
+        # ---- 5. log, evaluate, checkpoint
+        sums = step_sums(s, parts, stats, len(rows[0]), n_seqs, n_tokens, world, device)
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
             raise RunError(f"non-finite weights after step {t + 1} ({bad[0]}); "
                            f"last good checkpoint: {latest_checkpoint(args.out)}")
-        gens += int(n_comp)
-        tokens += int(n_gen)
-        wall += time.time() - t0
+        totals["generations"] += int(n_seqs)
+        totals["tokens"] += int(sums["generated"])
+        totals["wall"] += time.time() - t0
         if rank == 0:
-            rec = {"type": "train", "iteration": t + 1, "reward": float(all_rewards.mean()),
-                   "reward_std": float(all_rewards.std()), "reward_min": float(all_rewards.min()),
-                   "reward_max": float(all_rewards.max()), "format": n_format / n_comp, "answer": n_answer / n_comp,
-                   "token_entropy": ent / max(n_tok, 1), "clip_frac": clip / max(n_tok * args.inner_epochs, 1),
-                   "kl": kl / max(n_tok, 1), "loss": stats["loss"] / args.inner_epochs,
-                   "zero_std_frac": float((all_rewards.std(dim=1) == 0).float().mean()),
-                   "trained_frac": n_rows / n_comp,
-                   "mean_length": n_tok / n_comp, "generations": gens, "tokens": tokens, "wall": wall,
-                   "time_generate": t_gen, "time_update": time.time() - t0 - t_gen}
-            log_line(log_path, rec)
-            bar.set_postfix(reward=f"{rec['reward']:.3f}", H=f"{rec['token_entropy']:.2f}")
-            tqdm.write(f"step {t + 1:4d}  reward {rec['reward']:.3f}  answer {rec['answer']:.3f}  "
-                       f"H {rec['token_entropy']:.3f}  clip {rec['clip_frac']:.3f}  kl {rec['kl']:.4f}  "
-                       f"zero-std {rec['zero_std_frac']:.2f}  len {rec['mean_length']:.1f}", file=sys.stderr)
+            rec = step_record(t, all_rewards, sums, stats["loss"], args.inner_epochs, totals, t_gen,
+                              time.time() - t0 - t_gen)
+            log_line(run.log_path, rec, run.tracker)  # the one place that writes "train" records
+            progress(bar, rec)
         done = t + 1 == args.iterations
         if args.eval_every and (t + 1) % args.eval_every == 0 or done:
-            evaluate(t + 1)
+            evaluate(run, t + 1)
         if (args.save_every and (t + 1) % args.save_every == 0 or done) and rank == 0:
-            save_checkpoint(model, tokenizer, opt, args, {"iteration": t + 1, "generations": gens, "tokens": tokens,
-                                                          "wall": wall})
+            save_checkpoint(model, run.tokenizer, run.opt, args, {"iteration": t + 1, **totals})
         if world > 1:
             dist.barrier()
-    return model, tokenizer
+    if tracker is None and run.tracker is not None:  # ours, not a schedule's
+        run.tracker.close()
+    return model, run.tokenizer
 
 
 def main(args):

@@ -15,6 +15,7 @@ sampled with the same seed see the same random numbers (common random numbers: E
 terms), and a run is reproducible to the bit on a given machine.
 """
 import argparse
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -578,6 +579,87 @@ def run(args):
                       {k: summary[f"pass@{k}"] for k in ks})], args.plot)
         print(f"plot: {args.plot}")
     return summary
+
+
+# ---- live trackers: every log.jsonl record, also to tensorboard / trackio / wandb ------------------------------------
+# log.jsonl stays the record (resume, plots, results.py read it); a tracker is a live view of the same numbers, under
+# the same names: record {"type": "train", "iteration": 7, "reward": 0.4} is the scalar "train/reward" at x = 7.
+TRACKERS = ("tensorboard", "trackio", "wandb")
+TRACK_INSTALL = "pip install -r requirements-track.txt"
+PROJECT = "es-vs-grpo"  # the trackio / wandb project (wandb: WANDB_PROJECT overrides it)
+
+
+def parse_report_to(text: str) -> list:
+    """'tensorboard,wandb' -> ['tensorboard', 'wandb'] ('none' or '' -> []); an unknown name or a tracker that is not
+    installed is a one-line UsageError naming the install command, raised before any work starts."""
+    import importlib.util
+    names = [x.strip() for x in text.split(",") if x.strip() and x.strip() != "none"]
+    for name in names:
+        if name not in TRACKERS:
+            raise verify.UsageError(f"--report-to takes a comma list of none, {', '.join(TRACKERS)}; got {name!r}")
+        if importlib.util.find_spec(name) is None:
+            raise verify.UsageError(f"--report-to {name}: the package {name} is not installed ({TRACK_INSTALL})")
+    return list(dict.fromkeys(names))
+
+
+def metrics(rec: dict) -> dict:
+    """The numbers of one log record under their tracker names: {'train/reward': 0.4, ...} (x and strings left out)."""
+    return {f"{rec['type']}/{k}": float(v) for k, v in rec.items()
+            if k not in ("type", "iteration", "step") and isinstance(v, (int, float))}
+
+
+class Tracker:
+    """The named trackers of one run (rank 0 only). log(rec) sends one log.jsonl record at x = offset['step'] +
+    rec['iteration'], with the counters in offset added to its own (a sequential schedule sets the offset to what
+    the earlier stages ran, so that its stages make one run with one continuous x axis, as in its merged log).
+    resume_from: the first x that a resumed run redoes; tensorboard hides what a killed run logged from there on."""
+
+    def __init__(self, names, out, run_name, config, resume_from=None):
+        self.offset = {"step": 0, "generations": 0, "tokens": 0, "wall": 0.0}
+        self.writers = {}
+        atexit.register(self.close)  # a run that stops on an error still flushes what it logged
+        if "tensorboard" in names:  # event files under OUT/tensorboard, flushed every 10 s: live
+            from torch.utils.tensorboard import SummaryWriter
+            tb = SummaryWriter(os.path.join(out, "tensorboard"), flush_secs=10, purge_step=resume_from)
+            tb.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
+            self.writers["tensorboard"] = tb
+        if "trackio" in names:  # its local store (TRACKIO_DIR, default under HF_HOME); `trackio show` opens it
+            import trackio
+            self.writers["trackio"] = trackio.init(project=PROJECT, name=run_name, config=config,
+                                                   resume="allow" if resume_from else "never")
+        if "wandb" in names:  # offline (files under OUT/wandb, `wandb sync` uploads them) unless set up for online
+            import wandb
+            mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            self.writers["wandb"] = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name,
+                                               dir=out, config=config, mode=mode)
+
+    def log(self, rec: dict):
+        if not self.writers or rec.get("type") not in ("train", "eval"):
+            return
+        step = self.offset["step"] + rec["iteration"]
+        rec = {**rec, **{k: self.offset[k] + rec[k] for k in ("generations", "tokens", "wall") if k in rec}}
+        values = metrics(rec)
+        for name, w in self.writers.items():
+            if name == "tensorboard":
+                for tag, v in values.items():
+                    w.add_scalar(tag, v, step)
+            else:  # trackio and wandb: one dict per record at this step (wandb needs non-decreasing steps)
+                w.log(values, step=step)
+
+    def close(self):
+        for w in self.writers.values():
+            w.close() if hasattr(w, "close") else w.finish()
+        self.writers = {}
+
+
+def open_tracker(args, config, resume_from=None, rank=0):
+    """The Tracker of --report-to / --run-name (default run name: the --out folder's name); None when no tracker is
+    asked for or not on rank 0."""
+    names = parse_report_to(args.report_to)
+    if not names or rank != 0:
+        return None
+    run_name = args.run_name or os.path.basename(os.path.normpath(args.out))
+    return Tracker(names, args.out, run_name, config, resume_from)
 
 
 # ---- command line: every script's flags come from its Args dataclass ----------------------------------------------

@@ -70,7 +70,7 @@ class Args:
     """ES iterations of the model sparsity.py analyses (es.py's default: the headline budget's gain is too small to
     divide); the GRPO model analysed is the seed-0 headline run; in [1, inf)"""
     llm_runs: str = "runs"
-    """folder holding smollm2-grpo/ and smollm2-es/ (the README's SmolLM2 commands); reported when present"""
+    """folder holding smollm2-grpo/ and smollm2-es/ (docs/llm.md's SmolLM2 commands); reported when present"""
     threads: int = 0
     """torch CPU threads (0: torch's default); in [0, inf)"""
 
@@ -408,7 +408,7 @@ class Results:
 
     # ---- the report -------------------------------------------------------------------------------------------------
     def llm_section(self):
-        """Section 8, from the README's SmolLM2 runs (LLM_RUNS/smollm2-grpo, smollm2-es) where they exist."""
+        """Section 8, from docs/llm.md's SmolLM2 runs (LLM_RUNS/smollm2-grpo, smollm2-es) where they exist."""
         runs = {n: es.read_log(os.path.join(self.args.llm_runs, f"smollm2-{n}", "log.jsonl")) for n in ("grpo", "es")}
         rows = []
         for n, recs in runs.items():
@@ -425,8 +425,8 @@ class Results:
         if not rows:
             return []
         return ["## 8. A real LLM: SmolLM2-135M-Instruct, offline (one seed)", "",
-                "The runs of the README's SmolLM2 section (`--model smollm2-135m`, bf16, 32 new tokens; held-out "
-                f"evaluation at T = 1 with n = {K} samples per problem), read from `{self.args.llm_runs}`.", "",
+                "The runs of the SmolLM2 commands in `docs/llm.md` (`--model smollm2-135m`, bf16, 32 new tokens; "
+                f"held-out evaluation at T = 1 with n = {K} samples per problem), read from `{self.args.llm_runs}`.", "",
                 f"| | task | iterations | generations | wall (min) | pass@1 | pass@{K} | token entropy | "
                 "answer entropy |", "|---|---|---|---|---|---|---|---|---|"] + rows + [
                 "", "One seed and a short run on 2 CPU cores: a direction, not a verdict.", ""]
@@ -518,7 +518,7 @@ class Results:
               "**Verdict, the schedule keeps GRPO's Pass@1 and adds Pass@K:** " + seq + " (rule: holds when its "
               f"pass@1 is not below GRPO's and its pass@{K} is above GRPO's). "
               "The full switch-point sweep (both orders, interleaved) is `sequential.py --sweep`; its measured table "
-              "is in the README.", ""]
+              "is in docs/sequential.md.", ""]
         # claim 4: sparsity, forgetting, compression
         L += ["## 4. Functional sparsity, forgetting, compression (sparsity.py)", "",
               f"The models: ES trained for {a.sparsity_iterations} iterations (es.py's defaults, seed {s0}; at the "

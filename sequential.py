@@ -44,7 +44,7 @@ import verify
 ALGOS = {"es": es, "grpo": grpo}
 SHARED = ("model", "task", "data", "seed", "max_new_tokens", "eval_every", "eval_n", "eval_problems", "device",
           "threads")  # apply to every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
-PER_STAGE = ("iterations", "out", "resume")  # set by the schedule
+PER_STAGE = ("iterations", "out", "resume", "report_to", "run_name")  # set by the schedule (one tracker for all)
 
 
 @dataclass
@@ -71,6 +71,10 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
+    report_to: str = "none"
+    """live trackers, one run per schedule across its stages: comma list of none, tensorboard, trackio, wandb"""
+    run_name: str = ""
+    """the schedule's name in the trackers ('': the --out folder's name; a sweep adds each point's name)"""
     out: str = "runs/sequential"
     """run directory: args.json, log.jsonl, stage-K-ALGO/ (and with --sweep: sweep.jsonl, sweep.png, runs/)"""
     resume: str = ""
@@ -146,15 +150,16 @@ def stage_done(module, stage_out):
 
 
 # ---- one schedule ---------------------------------------------------------------------------------------------------
-def merge_logs(args, stages, out):
+def merge_logs(args, stages, out, upto=None):
     """OUT/log.jsonl from the stages' own logs: each line gets stage, algo, step (iterations so far, all stages), and
-    generations / tokens / wall cumulative across stages (eval lines: the counts when they were taken)."""
+    generations / tokens / wall cumulative across stages (eval lines: the counts when they were taken).
+    upto=K: write nothing, return the offset that stage K's lines get (what stages 1..K-1 ran)."""
     lines = [{"type": "config", "algo": "sequential", "schedule": schedule_text(stages),
               **{k: v for k, v in dataclasses.asdict(args).items() if k not in ("schedule",)}}]
     offset = {"generations": 0, "tokens": 0, "wall": 0.0, "step": 0}
     for k, (algo, n) in enumerate(stages, 1):
         records = es.read_log(os.path.join(out, f"stage-{k}-{algo}", "log.jsonl"))
-        if not records:
+        if k == upto or not records:
             break
         last = {"generations": 0, "tokens": 0, "wall": 0.0}
         for r in records:
@@ -166,34 +171,55 @@ def merge_logs(args, stages, out):
             lines.append({**r, "stage": k, "algo": algo, "step": offset["step"] + r["iteration"],
                           **{key: offset[key] + last[key] for key in last}})
         offset = {**{key: offset[key] + last[key] for key in last}, "step": offset["step"] + n}
+    if upto is not None:
+        return offset
     with open(os.path.join(out, "log.jsonl.tmp"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in lines)
     os.replace(os.path.join(out, "log.jsonl.tmp"), os.path.join(out, "log.jsonl"))
     return lines
 
 
-def run_schedule(args, stages, out):
+def open_tracker(args, stages, out, run_name):
+    """One passk.Tracker for the whole schedule (--report-to; rank 0), its x axis the merged log's step. When the
+    schedule continues after a stop, the trackers drop what the stopped run logged past its last checkpoint."""
+    redo = None
+    for k, (algo, n) in enumerate(stages, 1):
+        done = stage_done(ALGOS[algo], os.path.join(out, f"stage-{k}-{algo}"))
+        if done != n:  # the first stage still to (re)run: its records from done + 1 on are about to be redone
+            redo = merge_logs(args, stages, out, upto=k)["step"] + (done or 0) + 1 if k > 1 or done else None
+            break
+    config = {"algo": "sequential", **dataclasses.asdict(args), "schedule": schedule_text(stages)}
+    return passk.open_tracker(dataclasses.replace(args, out=out, run_name=run_name), config, redo,
+                              int(os.environ.get("RANK", "0")))
+
+
+def run_schedule(args, stages, out, run_name=""):
     """Run (or continue) the stages in out/: a finished stage is skipped, a killed one resumed from its checkpoint,
     the next one started from the model in memory. Returns the merged log lines."""
     rank = int(os.environ.get("RANK", "0"))  # torchrun's (the process group itself starts in the first stage)
     model = tok = None
     start = args.model
+    tracker = open_tracker(args, stages, out, run_name or args.run_name)
     for k, (algo, n) in enumerate(stages, 1):
         module, a = ALGOS[algo], stage_args(args, k, algo, n, start, out)
         done = stage_done(module, a.out)
+        if tracker is not None:  # stage k's records go to the trackers at the merged log's step and counters
+            tracker.offset = merge_logs(args, stages, out, upto=k)
         if done == n:  # finished before a resume: the next stage starts from its checkpoint
             model = None
         elif done is not None:  # killed inside this stage: its own --resume continues it exactly
-            model, tok = module.train(dataclasses.replace(a, resume=a.out))
+            model, tok = module.train(dataclasses.replace(a, resume=a.out), tracker=tracker)
         else:
             if model is None:  # the first stage, or the first one run after a resume (train moves it to its device)
                 model, tok = passk.load_model(start, "fp32", "cpu")
-            model, tok = module.train(a, model, tok, evaluate_start=(k == 1))
+            model, tok = module.train(a, model, tok, evaluate_start=(k == 1), tracker=tracker)
         start = a.out  # the next stage's --model: this stage's final checkpoint (what `model` holds in memory)
         if rank == 0:
             merge_logs(args, stages, out)
         if dist.is_initialized():
             dist.barrier()  # every rank reads the merged log below
+    if tracker is not None:
+        tracker.close()
     return es.read_log(os.path.join(out, "log.jsonl"))
 
 
@@ -234,7 +260,8 @@ def sweep(args):
         if (text, seed) not in done:
             if rank == 0:
                 print(f"[sweep {i}/{len(points)}] order {order}  switch {s}  seed {seed}:  {text}", flush=True)
-            lines = run_schedule(dataclasses.replace(args, seed=seed), stages, os.path.join(args.out, "runs", name))
+            lines = run_schedule(dataclasses.replace(args, seed=seed), stages, os.path.join(args.out, "runs", name),
+                                 f"{args.run_name or os.path.basename(os.path.normpath(args.out))}/{name}")
             done[text, seed] = summary(lines)
             base = base or next(r for r in lines if r.get("type") == "eval")
         grpo_share = s if order in ("grpo-es", "interleave") else 1 - s
@@ -314,6 +341,7 @@ def plot_sweep(records, ks, base, path):
 def check_args(args):
     """Own flags against their docs' rules, then each stage's flags (named --ALGO-X) against es.py's / grpo.py's."""
     passk.check_fields(args)
+    passk.parse_report_to(args.report_to)
     passk.check_device(args.device)
     verify.get_task(args.task, args.data or None)
     stages = [] if args.sweep else parse_schedule(args.schedule)
@@ -343,13 +371,17 @@ def main(args):
                     saved = json.load(f)
             except (OSError, ValueError) as e:
                 raise verify.UsageError(f"--resume: cannot read {path} ({e}); nothing was changed") from None
-            changed = [k for k, v in dataclasses.asdict(args).items() if k not in ("resume", "out", "device", "threads")
-                       and v != getattr(Args(), k) and v != saved.get(k)]
+            free, default = ("resume", "out", "device", "threads", "report_to", "run_name"), Args()
+            changed = [k for k, v in dataclasses.asdict(args).items() if k not in free
+                       and v != getattr(default, k) and v != saved.get(k)]
             if changed:
-                raise verify.UsageError(f"--resume continues the saved run; only --device and --threads may change "
-                                        f"(got --{changed[0].replace('_', '-')})")
+                raise verify.UsageError(f"--resume continues the saved run; only --device, --threads, --report-to and "
+                                        f"--run-name may change (got --{changed[0].replace('_', '-')})")
             args = Args(**{**saved, "resume": args.resume, "out": args.resume,
-                           "device": args.device or saved["device"], "threads": args.threads or saved["threads"]})
+                           **{k: getattr(args, k) or saved.get(k, getattr(default, k))
+                              for k in ("device", "threads", "run_name")},
+                           "report_to": args.report_to if args.report_to != default.report_to
+                           else saved.get("report_to", default.report_to)})
         elif os.path.exists(os.path.join(args.out, "args.json")) and rank == 0:
             raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, "
                                     f"or a new --out")

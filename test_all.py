@@ -1024,6 +1024,89 @@ def test_grpo_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(toy_mod
         assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), loss
 
 
+def test_grpo_score_step_rewards_and_group_advantages():
+    """Step 2 alone: rewards [P, G] by the verifier, one advantage per completion, exactly 0 for a flat group (here
+    four well-formed wrong answers, 0.1 each, whose float32 mean is not 0.1)."""
+    task = verify.get_task("toy")
+    batch = [{"numbers": [1, 2, 3], "target": 6}, {"numbers": [2, 3, 4], "target": 10}]
+    texts = ["1+2+3", "x", "1+2*3", "3*2*1\nmore"] + ["2+3+4"] * 4
+    parts, rewards, adv = grpo.score(task, batch, texts, grpo.Args(group=4))
+    assert rewards.shape == (2, 4) and adv.shape == (8,) and len(parts) == 8
+    assert rewards.tolist() == [[1.0, 0.0, pytest.approx(0.1), 1.0], [pytest.approx(0.1)] * 4]
+    assert [p["answer"] for p in parts] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert torch.equal(adv, grpo.advantages(rewards, "group").reshape(-1))
+    assert adv[0] > 0 > adv[2] > adv[1] and torch.equal(adv[4:], torch.zeros(4))
+    _, _, batch_adv = grpo.score(task, batch, texts, grpo.Args(group=4, scale_rewards="batch"))
+    assert torch.equal(batch_adv, grpo.advantages(rewards, "batch").reshape(-1)) and not batch_adv[4:].any()
+    task.reward_from = lambda p: float("nan")  # this instance only
+    with pytest.raises(grpo.RunError, match="non-finite reward at step 3"):
+        grpo.score(task, batch, texts, grpo.Args(group=4), t=2)
+
+
+def test_grpo_train_batch_and_update_steps(toy_model):
+    """Steps 3 and 4 alone on the embedded model: train_batch keeps the rows with an advantage (all of them with a
+    KL term), counts the whole step, freezes the old and reference log-probs; update moves the weights and returns
+    the sums the record uses."""
+    model, tok = toy_model
+    model = copy.deepcopy(model)
+    task = verify.get_task("toy")
+    pool = task.examples("train", 50, seed=grpo.stream_seed(0, "train"))
+    args = grpo.Args(prompts=4, group=4, max_new_tokens=10, micro_batch=6)
+    batch, s = grpo.rollouts(model, tok, task, pool, args, t=1)
+    assert len(batch) == 4 and len(s.texts) == 16
+    again = grpo.rollouts(model, tok, task, pool, args, t=1)  # (seed, t) fixes the prompts and the samples
+    assert again[0] == batch and again[1].completion_ids == s.completion_ids
+    _, _, adv = grpo.score(task, batch, s.texts, args)
+    kept = int((adv != 0).sum())
+    assert 0 < kept < 16  # this step has groups with and without a reward spread
+    rows, old, ref_logp, n_seqs, n_tokens = grpo.train_batch(s, adv, tok.pad_token_id, model, None, args)
+    assert (n_seqs, n_tokens) == (16, sum(map(len, s.completion_ids))) and old is None and ref_logp is None
+    ids, attn, comp, row_adv = rows
+    assert len(ids) == kept and torch.equal(row_adv, adv[adv != 0]) and attn[:, -1].any()  # no empty column left
+    assert comp.shape == (kept, ids.shape[1] - 1)
+    kl_args = dataclasses.replace(args, beta=0.04, inner_epochs=2)
+    ref = copy.deepcopy(model).requires_grad_(False).eval()
+    rows, old, ref_logp, n_seqs, n_tokens = grpo.train_batch(s, adv, tok.pad_token_id, model, ref, kl_args)
+    assert len(rows[0]) == 16 and old.shape == ref_logp.shape == rows[2].shape
+    assert torch.equal(old, ref_logp)  # the rollout policy is still the reference
+    before = copy.deepcopy(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=kl_args.lr)
+    stats = grpo.update(model, opt, rows, old, ref_logp, kl_args, n_seqs, n_tokens)
+    assert set(stats) == {"loss", "clip", "kl"} and all(math.isfinite(v) for v in stats.values())
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-6)  # of the first epoch: the rollout policy against itself
+    assert model.training and all(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_grpo_steps_called_one_by_one_give_the_logged_run(tmp_path):
+    """setup, then rollouts, score, train_batch, update, step_sums, step_record per step: the records train logs (the
+    same keys in the same order, the same values but the timings) and its final weights; evaluate, its eval record."""
+    kw = dict(beta=0.04, inner_epochs=2)
+    grpo.train(small_grpo(tmp_path, "loop", **kw))
+    logged = [json.loads(x) for x in open(tmp_path / "loop" / "log.jsonl")]
+    run = grpo.setup(small_grpo(tmp_path, "steps", **kw))
+    a, totals, records = run.args, {"generations": 0, "tokens": 0, "wall": 0.0}, []
+    for t in range(a.iterations):
+        batch, s = grpo.rollouts(run.model, run.tokenizer, run.task, run.train_pool, a, t)
+        parts, all_rewards, adv = grpo.score(run.task, batch, s.texts, a, t)
+        rows, old, ref, n_seqs, n_tokens = grpo.train_batch(s, adv, run.pad, run.model, run.ref, a)
+        stats = grpo.update(run.model, run.opt, rows, old, ref, a, n_seqs, n_tokens)
+        sums = grpo.step_sums(s, parts, stats, len(rows[0]), n_seqs, n_tokens)
+        totals = {"generations": totals["generations"] + int(n_seqs),
+                  "tokens": totals["tokens"] + int(sums["generated"]), "wall": 0.0}
+        records.append(grpo.step_record(t, all_rewards, sums, stats["loss"], a.inner_epochs, totals, 0.0, 0.0))
+    train = [x for x in logged if x["type"] == "train"]
+    assert [list(r) for r in records] == [list(x) for x in train]
+    timings = ("wall", "time_generate", "time_update")
+    assert [{k: v for k, v in r.items() if k not in timings} for r in records] == \
+        [{k: v for k, v in x.items() if k not in timings} for x in train]
+    assert train[-1]["loss"] != 0  # the run did learn something
+    w, mine = weights(tmp_path / "loop"), run.model.state_dict()
+    assert all(torch.equal(w[k], mine[k]) for k in w)
+    assert grpo.evaluate(run, a.iterations) == {k: v for k, v in logged[-1].items() if k not in ("type", "iteration")}
+    steps_log = [json.loads(x) for x in open(tmp_path / "steps" / "log.jsonl")]
+    assert [x["type"] for x in steps_log] == ["config", "eval"] and steps_log[1] == logged[-1]
+
+
 def test_grpo_torchrun_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29512",
            os.path.join(HERE, "grpo.py"), "--iterations", "2", "--prompts", "4", "--group", "4",
@@ -1075,8 +1158,8 @@ def test_help_shows_every_flag_with_its_doc_and_default(name, monkeypatch, capsy
         assert f"--{prefix}{f.name.replace('_', '-')}" in text and f"{doc} (default: {shown})" in text, f.name
 
 
-def readme_flag_table(module):
-    """The README's flag table of one script, as its Args dataclass defines it (flag, default, one-line doc)."""
+def docs_flag_table(module):
+    """One script's flag table in docs/flags.md, as its Args dataclass defines it (flag, default, one-line doc)."""
     root = os.path.dirname(os.path.abspath(__file__))
     rows = [f"<!-- flags:{module.__name__} -->", "| flag | default | meaning |", "|---|---|---|"]
     docs = passk.field_docs(module.Args)
@@ -1090,13 +1173,73 @@ def readme_flag_table(module):
     return "\n".join(rows) + "\n"
 
 
+def docs_flags_page(write=False):
+    """docs/flags.md with every table under a <!-- flags:NAME --> marker regenerated from the code (written back with
+    write=True: python -c "import test_all; test_all.docs_flags_page(write=True)")."""
+    import re
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "flags.md")
+    page = open(path, encoding="utf-8").read()
+    page = re.sub(r"<!-- flags:(\w+) -->\n(?:\|.*\n)*", lambda m: docs_flag_table(SCRIPTS[m.group(1)]), page)
+    if write:
+        open(path, "w", encoding="utf-8").write(page)
+    return page
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_readme_documents_every_flag_of_every_script(name):
-    """The README carries each script's flag table exactly as the code defines it (default and doc), so it cannot go
-    stale. After changing a field: python -c "import test_all as t; print(t.readme_flag_table(t.es))" """
-    readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")).read()
-    table = readme_flag_table(SCRIPTS[name])
-    assert table in readme, f"README.md lacks or has a stale flag table for {name}.py; it should read:\n{table}"
+def test_docs_flags_page_documents_every_flag_of_every_script(name):
+    """docs/flags.md carries each script's flag table exactly as the code defines it (default and doc), so it cannot
+    go stale. On failure the message is the table to paste under its marker (or rewrite the page: docs_flags_page)."""
+    page = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "flags.md"), encoding="utf-8").read()
+    table = docs_flag_table(SCRIPTS[name])
+    assert table in page, (f"docs/flags.md lacks or has a stale flag table for {name}.py; replace the table under "
+                           f"<!-- flags:{name} --> with:\n{table}\nor regenerate every table of the page with: "
+                           f"python -c \"import test_all; test_all.docs_flags_page(write=True)\"")
+
+
+def markdown_links(text):
+    """(target, line) of every inline link and image and every reference definition, outside code blocks and spans."""
+    import re
+    text = re.sub(r"^ *```.*?^ *```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    found = [(m.group(1), m) for m in re.finditer(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)]
+    found += [(m.group(1), m) for m in re.finditer(r"^ {0,3}\[[^\]\n]+\]:\s*<?([^\s>]+)", text, flags=re.M)]
+    return [(target, text.count("\n", 0, m.start()) + 1) for target, m in found]
+
+
+def markdown_anchors(text):
+    """The anchors GitHub gives the headings of a page: lower case, punctuation dropped, spaces to '-', '-N' on repeats."""
+    import re
+    text = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    """Every relative link and image in README.md, RESULTS.md and docs/*.md names a file inside the repository that
+    exists, and its #anchor (if any) a heading of that file; http(s) and mailto links are not followed."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    pages = ["README.md", "RESULTS.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(root, "docs"))
+                                                 if n.endswith(".md"))
+    assert os.path.join("docs", "README.md") in pages and os.path.join("docs", "flags.md") in pages
+    broken = []
+    for page in pages:
+        text = open(os.path.join(root, page), encoding="utf-8").read()
+        for target, line in markdown_links(text):
+            if target.split(":", 1)[0].lower() in ("http", "https", "mailto"):
+                continue
+            file, _, anchor = target.partition("#")
+            path = os.path.realpath(os.path.join(root, os.path.dirname(page), file)) if file else os.path.join(root, page)
+            if not path.startswith(os.path.realpath(root) + os.sep):
+                broken.append(f"{page}:{line}: {target} points outside the repository")
+            elif not os.path.exists(path):
+                broken.append(f"{page}:{line}: {target}: no such file")
+            elif anchor and path.endswith(".md") and anchor not in markdown_anchors(open(path, encoding="utf-8").read()):
+                broken.append(f"{page}:{line}: {target}: no heading with that anchor")
+    assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 @pytest.fixture(scope="module")
@@ -1330,8 +1473,8 @@ def weights_digest(sd):
     return h.hexdigest()[:16]
 
 
-# Recorded on this project's CI machine kind (torch 2.13.0 CPU, one thread) before es.py's loop, grpo.train and
-# bench.py were restructured into named steps: a restructuring must not change one bit of what a seed trains.
+# Recorded on this project's CI machine kind (torch 2.13.0 CPU, one thread) before grpo.train was split into named
+# steps and the trackers (--report-to) were added: a restructuring must not change one bit of what a seed trains.
 RECORDED_WEIGHTS = {"es": "70cb14bce9c35a3f", "es-lowrank": "7b44dc6000bc7606", "grpo": "66c2e64ae71b6f1e",
                     "grpo-batch": "0a00791e462fd6fc", "sequential": "2436422ac1a340f8"}
 
@@ -1455,6 +1598,125 @@ def test_sequential_sweep_writes_jsonl_and_plot(tmp_path, capsys):
     assert sequential.budget_schedule("interleave", 0.5, 1000, {"grpo": 10, "es": 50}, 2) == \
         [("grpo", 25), ("es", 5), ("grpo", 25), ("es", 5)]
     assert sequential.budget_schedule("es-grpo", 0.25, 1000, {"grpo": 10, "es": 50}, 2) == [("es", 5), ("grpo", 75)]
+
+
+# =====================================================================================================================
+# live trackers (--report-to)
+# =====================================================================================================================
+def tensorboard_scalars(run_dir):
+    """{tag: [(step, value), ...]} as tensorboard's own reader loads OUT/tensorboard."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator").EventAccumulator(
+        os.path.join(run_dir, "tensorboard"), size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+def logged_scalars(records, x="iteration", skip=()):
+    """What the trackers should hold, built from log.jsonl by hand: {type/key: [(x, value), ...]} for every number of
+    every train and eval record."""
+    expected = {}
+    for r in records:
+        if r.get("type") in ("train", "eval"):
+            for k, v in r.items():
+                if k not in ("type", "iteration", "step", *skip) and isinstance(v, (int, float)):
+                    expected.setdefault(f"{r['type']}/{k}", []).append((r[x], v))
+    return expected
+
+
+def assert_same_scalars(got, expected):
+    assert set(got) == set(expected)
+    for tag in expected:  # tensorboard keeps float32: compare there, exactly
+        assert [(s, np.float32(v)) for s, v in expected[tag]] == [(s, np.float32(v)) for s, v in got[tag]], tag
+
+
+@pytest.mark.parametrize("algo", ["es", "grpo"])
+def test_report_to_tensorboard_holds_the_log_step_for_step(tmp_path, algo):
+    pytest.importorskip("tensorboard")
+    small = {"es": small_es, "grpo": small_grpo}[algo]
+    module = {"es": es, "grpo": grpo}[algo]
+    args = small(tmp_path, "run", report_to="tensorboard", eval_every=1, iterations=2, save_every=2)
+    module.main(args)
+    records = es.read_log(tmp_path / "run" / "log.jsonl")
+    got = tensorboard_scalars(tmp_path / "run")
+    assert_same_scalars(got, logged_scalars(records))
+    assert {"train/reward", "train/token_entropy" if algo == "grpo" else "train/js_diversity", "train/wall",
+            "eval/pass@1", "eval/token_entropy", "eval/answer_entropy"} <= set(got)
+    # a stopped run's leftovers past its checkpoint are hidden when it resumes (here: a fake value at step 3)
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(tmp_path / "run" / "tensorboard")) as w:
+        w.add_scalar("train/reward", 99.0, 3)
+    module.main(dataclasses.replace(args, iterations=4, resume=args.out))
+    records = es.read_log(tmp_path / "run" / "log.jsonl")
+    assert [r["iteration"] for r in records if r["type"] == "train"] == [1, 2, 3, 4]
+    assert_same_scalars(tensorboard_scalars(tmp_path / "run"), logged_scalars(records))
+
+
+def test_report_to_sequential_is_one_run_on_the_merged_step_axis(tmp_path):
+    pytest.importorskip("tensorboard")
+    args = small_seq(tmp_path, "seq", report_to="tensorboard", eval_every=1)
+    lines = sequential.main(args)
+    assert not any((tmp_path / "seq" / d / "tensorboard").exists() for d in os.listdir(tmp_path / "seq")
+                   if d.startswith("stage-"))  # the stages report to the schedule's run, not runs of their own
+    got = tensorboard_scalars(tmp_path / "seq")
+    # x is the merged log's step, and the counters are cumulative across stages (eval lines in the merged log carry
+    # counters the stages' eval lines do not have: not sent)
+    expected = logged_scalars([r if r.get("type") != "eval" else
+                               {k: v for k, v in r.items() if k not in ("generations", "tokens", "wall")}
+                               for r in lines], x="step", skip=("stage",))
+    assert_same_scalars(got, expected)
+    steps = [s for s, _ in got["train/reward"]]
+    assert steps == [1, 2, 3, 4] and [s for s, _ in got["train/generations"]] == steps
+    assert [v for _, v in got["train/generations"]] == sorted(v for _, v in got["train/generations"])
+
+
+def test_report_to_trackio_holds_the_log(tmp_path):
+    pytest.importorskip("trackio")
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}  # its local store, read before it is imported
+    r = subprocess.run([sys.executable, os.path.join(HERE, "es.py"), "--iterations", "2", "--population", "4",
+                        "--prompts", "8", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "1",
+                        "--max-new-tokens", "8", "--threads", "1", "--report-to", "trackio", "--run-name", "tiny",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=HERE, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    code = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "print(json.dumps(S.get_logs('es-vs-grpo', 'tiny'), default=str))")
+    q = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    got = {}
+    for row in json.loads(q.stdout):
+        for k, v in row.items():
+            if k not in ("step", "timestamp") and v is not None:
+                got.setdefault(k, []).append((row["step"], v))
+    assert_same_scalars(got, logged_scalars(es.read_log(tmp_path / "run" / "log.jsonl")))
+
+
+def test_report_to_wandb_is_offline_unless_set_up(tmp_path):
+    pytest.importorskip("wandb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    r = subprocess.run([sys.executable, os.path.join(HERE, "es.py"), "--iterations", "1", "--population", "2",
+                        "--prompts", "4", "--eval-problems", "4", "--eval-n", "2", "--max-new-tokens", "8",
+                        "--threads", "1", "--report-to", "wandb", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300, cwd=HERE, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = [d for d in os.listdir(tmp_path / "run" / "wandb") if d.startswith("offline-run-")]
+    assert len(runs) == 1 and any(f.endswith(".wandb") for f in os.listdir(tmp_path / "run" / "wandb" / runs[0]))
+
+
+def test_report_to_refuses_unknown_or_missing_trackers_before_any_work(tmp_path, monkeypatch, capsys):
+    r = run_cli("es.py", "--report-to", "tensorboard,mlflow", "--out", str(tmp_path / "a"))
+    assert r.returncode == 2 and "mlflow" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "a").exists()
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    for module, small in ((es, small_es), (grpo, small_grpo)):
+        with pytest.raises(SystemExit) as e:
+            module.main(small(tmp_path, "b", report_to="wandb"))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and "pip install -r requirements-track.txt" in err
+        assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit) as e:
+        sequential.main(small_seq(tmp_path, "c", report_to="none,wandb"))
+    assert e.value.code == 2 and "requirements-track.txt" in capsys.readouterr().err
+    assert passk.parse_report_to("none") == [] and passk.parse_report_to("") == []
 
 
 # =====================================================================================================================
