@@ -515,6 +515,8 @@ def run(args):
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set("abcdef"):
         raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f; got {args.parts!r}")
+    if not all(x.strip().isdecimal() and int(x) >= 2 for x in args.populations.split(",")):
+        raise verify.UsageError(f"--populations must be a comma list of integers >= 2; got {args.populations!r}")
     passk.check_device(args.device)
     if args.worker:
         return worker(args)

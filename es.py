@@ -104,8 +104,9 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
-    report_to: str = "none"
-    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb"""
+    report_to: str = ""
+    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb ('': none,
+    or with --resume the saved run's)"""
     run_name: str = ""
     """the run's name in the trackers ('': the --out folder's name)"""
 
@@ -175,13 +176,13 @@ class MemberRows:
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
     affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term is two thin
-    matmuls against all members' factors side by side ([in, M*R] and [M*R, out]) with a one-hot row mask between
-    them (three in-place ops, nothing of size rows x out x R gathered). Working weights stay equal to the master.
+    matmuls per run of consecutive rows of one member, against that member's own factors ([in, R] and [R, out]):
+    O(R) work per row and token, whatever the population, nothing gathered. Working weights stay equal to the master.
     """
 
     def __init__(self, model, params, master, members, args, t):
-        self.M, self.R, self.hooks, self.present = len(members), args.rank, [], None
-        self.per_row, self.per_member = [], []  # (holder, table) pairs that set_rows refreshes
+        self.M, self.R, self.hooks, self.segments = len(members), args.rank, [], []
+        self.per_row = []  # (holder, table) pairs that set_rows refreshes
         name_of = {id(p): name for name, p in params.items()}
         dtype = next(model.parameters()).dtype
         scale = args.sigma / math.sqrt(args.rank)
@@ -210,7 +211,7 @@ class MemberRows:
                 raise verify.UsageError(f"--noise lowrank cannot perturb {mod_name} ({type(module).__name__}) per row; "
                                         f"use --noise full or leave it out with --params")
             self.hooks.append(module.register_forward_hook(hook))
-        self.mask = self.member = None
+        self.member = None
 
     def _rows(self, table):
         """A per-row view of a [M, dim] table, refreshed by set_rows: holder[0] is [B, 1, dim]."""
@@ -221,38 +222,31 @@ class MemberRows:
         return holder
 
     def _members(self, ab):
-        """A Linear's factors restricted to the members present in the batch, refreshed by set_rows: a batch holds
-        rows of few members (they are contiguous), so the thin matmuls cost O(members in the batch), not O(M)."""
+        """A Linear's factors split by member: ([R, out] scaled A_m^T, [in, R] B_m) for each member m, contiguous."""
         if ab is None:
             return None
-        holder = [None]
-        self.per_member.append((holder, ab))
-        return holder
+        a_t, b_all = ab
+        return [(a_t[m * self.R:(m + 1) * self.R].contiguous(), b_all[:, m * self.R:(m + 1) * self.R].contiguous())
+                for m in range(self.M)]
 
     def set_rows(self, member_index: torch.Tensor):
         """member_index [B]: the position in `members` of each row of the batch about to run (passk.sample's
         on_batch, mapped from prompt index to member). Everything per row is gathered here, once per batch shape."""
         self.member = member_index
-        present = torch.unique(member_index)  # sorted
-        local = torch.searchsorted(present, member_index)
-        mask = torch.zeros(len(member_index), len(present), device=member_index.device)
-        mask[torch.arange(len(member_index), device=mask.device), local] = 1.0
-        self.mask = mask.repeat_interleave(self.R, 1).unsqueeze(1)  # [B, 1, m*R]
+        runs, counts = torch.unique_consecutive(member_index, return_counts=True)  # rows of a member are consecutive
+        ends = counts.cumsum(0).tolist()
+        self.segments = [(end - c, end, m) for end, c, m in zip(ends, counts.tolist(), runs.tolist())]
         for holder, table in self.per_row:
             holder[0] = table[member_index].unsqueeze(1)
-        if self.present is None or not torch.equal(present, self.present):
-            self.present = present
-            cols = (present.unsqueeze(1) * self.R + torch.arange(self.R, device=present.device)).flatten()
-            for holder, (a_t, b_all) in self.per_member:
-                holder[0] = (a_t[cols], b_all[:, cols])
 
     def _linear(self, ab, bias_rows):
         def hook(module, inputs, out):
             if ab is not None:
-                a_t, b_all = ab[0]
-                xb = inputs[0] @ b_all  # [B, T, M*R]
-                xb.mul_(self.mask.to(xb.dtype))  # each row keeps its own member's R columns
-                out.view(-1, out.shape[-1]).addmm_(xb.view(-1, xb.shape[-1]), a_t)
+                x = inputs[0]  # [B, T, in]; out [B, T, out] is contiguous, so is each slice of its rows
+                for start, end, m in self.segments:
+                    a_t, b = ab[m]
+                    xb = x[start:end].reshape(-1, x.shape[-1]) @ b  # [rows * T, R]
+                    out[start:end].view(-1, out.shape[-1]).addmm_(xb, a_t)
             if bias_rows is not None:
                 out.add_(bias_rows[0])
             return out
@@ -546,9 +540,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                                     f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
         args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
                        **{k: getattr(args, k) or saved.get(k, getattr(default, k))
-                          for k in ("device", "threads", "run_name")},
-                       "report_to": args.report_to if args.report_to != default.report_to
-                       else saved.get("report_to", default.report_to)})
+                          for k in ("device", "threads", "run_name", "report_to")}})
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
@@ -573,6 +565,10 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     held_out = task.examples("test", args.eval_problems, seed=1234)
     mine = [n for n in range(args.population) if n % world == rank]
+    own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
+    if own_tracker:  # before anything is written: a tracker that cannot start is a one-line error
+        tracker = passk.open_tracker(args, {"algo": "es", **dataclasses.asdict(args)}, rank=rank,
+                                     resume_from=None if start_it >= args.iterations else start_it and start_it + 1)
     log_path = os.path.join(args.out, "log.jsonl")
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
@@ -583,10 +579,6 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
             os.replace(log_path + ".tmp", log_path)
-    own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
-    if own_tracker:
-        tracker = passk.open_tracker(args, {"algo": "es", **dataclasses.asdict(args)},
-                                     resume_from=start_it + 1 if start_it else None, rank=rank)
     gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
 
     def evaluate(t):

@@ -109,8 +109,9 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
-    report_to: str = "none"
-    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb"""
+    report_to: str = ""
+    """live trackers that get every log.jsonl record too: comma list of none, tensorboard, trackio, wandb ('': none,
+    or with --resume the saved run's)"""
     run_name: str = ""
     """the run's name in the trackers ('': the --out folder's name)"""
 
@@ -473,9 +474,7 @@ def resumed(args):
                                 f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
     args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
                    **{k: getattr(args, k) or saved.get(k, getattr(default, k))
-                      for k in ("device", "threads", "run_name")},
-                   "report_to": args.report_to if args.report_to != default.report_to
-                   else saved.get("report_to", default.report_to)})
+                      for k in ("device", "threads", "run_name", "report_to")}})
     return args, ckpt, state
 
 
@@ -493,10 +492,11 @@ def open_log(args, rank, start_it):
     return log_path
 
 
-def setup(args, model=None, tokenizer=None):
+def setup(args, model=None, tokenizer=None, tracker=None):
     """What the steps share, as a namespace: args (a resumed run's), rank, world, device, task, model (unless given or
     resumed: args.model's), tokenizer, ddp (model, under DDP when world > 1), ref (the frozen reference when beta > 0,
-    else None), opt (AdamW), autocast, train_pool, held_out, pad, log_path, start_it (steps done), state (resumed)."""
+    else None), opt (AdamW), autocast, train_pool, held_out, pad, log_path, start_it (steps done), state (resumed),
+    tracker (the given one, else the run's own --report-to, opened before the log is written), own_tracker."""
     args, ckpt, state = resumed(args)
     check_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     passk.check_writable(args.out)
@@ -524,10 +524,14 @@ def setup(args, model=None, tokenizer=None):
     held_out = task.examples("test", args.eval_problems, seed=1234)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start_it = state.get("iteration", 0)
+    own_tracker = tracker is None
+    if own_tracker:  # a tracker that cannot start is a one-line error, before the log is written
+        tracker = passk.open_tracker(args, {"algo": "grpo", **dataclasses.asdict(args)}, rank=rank,
+                                     resume_from=None if start_it >= args.iterations else start_it and start_it + 1)
     return SimpleNamespace(args=args, rank=rank, world=world, device=device, task=task, model=model,
                            tokenizer=tokenizer, ddp=ddp, ref=ref, opt=opt, autocast=autocast, train_pool=train_pool,
                            held_out=held_out, pad=pad, log_path=open_log(args, rank, start_it), start_it=start_it,
-                           state=state, tracker=None)
+                           state=state, tracker=tracker, own_tracker=own_tracker)
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------------
@@ -535,10 +539,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     """Run GRPO; returns (model, tokenizer). model/tokenizer: already loaded (e.g. by a schedule), else args.model is
     loaded; evaluate_start=False skips the held-out evaluation at step 0; tracker: a schedule's passk.Tracker (else
     --report-to opens this run's own)."""
-    run = setup(args, model, tokenizer)
+    run = setup(args, model, tokenizer, tracker)
     args, model, rank, world, device = run.args, run.model, run.rank, run.world, run.device
-    run.tracker = tracker or passk.open_tracker(args, {"algo": "grpo", **dataclasses.asdict(args)},
-                                                resume_from=run.start_it + 1 if run.start_it else None, rank=rank)
     totals = {k: run.state.get(k, zero) for k, zero in (("generations", 0), ("tokens", 0), ("wall", 0.0))}
     if run.start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
         evaluate(run, 0)
@@ -579,7 +581,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
             save_checkpoint(model, run.tokenizer, run.opt, args, {"iteration": t + 1, **totals})
         if world > 1:
             dist.barrier()
-    if tracker is None and run.tracker is not None:  # ours, not a schedule's
+    if run.own_tracker and run.tracker is not None:  # ours, not a schedule's
         run.tracker.close()
     return model, run.tokenizer
 

@@ -593,7 +593,7 @@ def parse_report_to(text: str) -> list:
     """'tensorboard,wandb' -> ['tensorboard', 'wandb'] ('none' or '' -> []); an unknown name or a tracker that is not
     installed is a one-line UsageError naming the install command, raised before any work starts."""
     import importlib.util
-    names = [x.strip() for x in text.split(",") if x.strip() and x.strip() != "none"]
+    names = [x.strip() for x in (text or "").split(",") if x.strip() and x.strip() != "none"]
     for name in names:
         if name not in TRACKERS:
             raise verify.UsageError(f"--report-to takes a comma list of none, {', '.join(TRACKERS)}; got {name!r}")
@@ -612,26 +612,36 @@ class Tracker:
     """The named trackers of one run (rank 0 only). log(rec) sends one log.jsonl record at x = offset['step'] +
     rec['iteration'], with the counters in offset added to its own (a sequential schedule sets the offset to what
     the earlier stages ran, so that its stages make one run with one continuous x axis, as in its merged log).
-    resume_from: the first x that a resumed run redoes; tensorboard hides what a killed run logged from there on."""
+    resume_from: the first x that this run (re)does (0 for a new run); tensorboard hides what an earlier, stopped
+    run in the same OUT had logged from there on. A tracker that cannot start is a UsageError, before any work."""
 
-    def __init__(self, names, out, run_name, config, resume_from=None):
+    def __init__(self, names, out, run_name, config, resume_from=0):
         self.offset = {"step": 0, "generations": 0, "tokens": 0, "wall": 0.0}
         self.writers = {}
-        atexit.register(self.close)  # a run that stops on an error still flushes what it logged
-        if "tensorboard" in names:  # event files under OUT/tensorboard, flushed every 10 s: live
+        for name in sorted(names, key=("wandb", "trackio", "tensorboard").index):  # those that may refuse first
+            try:
+                self.writers[name] = self._open(name, out, run_name, config, resume_from)
+            except Exception as e:  # each package has its own errors (bad WANDB_MODE, no network online, ...)
+                self.close()
+                raise verify.UsageError(f"--report-to {name} cannot start: {' '.join(str(e).split())[:300]}") from None
+        atexit.register(self.close)  # after the trackers' own exit hooks, so it runs before them (LIFO): a run
+        # that stops on an error still flushes what it logged
+
+    @staticmethod
+    def _open(name, out, run_name, config, resume_from):
+        if name == "tensorboard":  # event files under OUT/tensorboard, flushed every 10 s: live
             from torch.utils.tensorboard import SummaryWriter
             tb = SummaryWriter(os.path.join(out, "tensorboard"), flush_secs=10, purge_step=resume_from)
             tb.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
-            self.writers["tensorboard"] = tb
-        if "trackio" in names:  # its local store (TRACKIO_DIR, default under HF_HOME); `trackio show` opens it
+            return tb
+        if name == "trackio":  # its local store (TRACKIO_DIR, default under HF_HOME); `trackio show` opens it
             import trackio
-            self.writers["trackio"] = trackio.init(project=PROJECT, name=run_name, config=config,
-                                                   resume="allow" if resume_from else "never")
-        if "wandb" in names:  # offline (files under OUT/wandb, `wandb sync` uploads them) unless set up for online
-            import wandb
-            mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-            self.writers["wandb"] = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name,
-                                               dir=out, config=config, mode=mode)
+            return trackio.init(project=PROJECT, name=run_name, config=config,
+                                resume="allow" if resume_from else "never")
+        import wandb  # offline (files under OUT/wandb, `wandb sync` uploads them) unless set up for online
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, dir=out, config=config,
+                          mode=mode)
 
     def log(self, rec: dict):
         if not self.writers or rec.get("type") not in ("train", "eval"):
@@ -647,16 +657,19 @@ class Tracker:
                 w.log(values, step=step)
 
     def close(self):
-        for w in self.writers.values():
-            w.close() if hasattr(w, "close") else w.finish()
-        self.writers = {}
+        writers, self.writers = self.writers, {}
+        for w in writers.values():
+            try:
+                w.close() if hasattr(w, "close") else w.finish()
+            except Exception:  # a tracker whose own service has already shut down: nothing left to flush
+                pass
 
 
-def open_tracker(args, config, resume_from=None, rank=0):
+def open_tracker(args, config, resume_from=0, rank=0):
     """The Tracker of --report-to / --run-name (default run name: the --out folder's name); None when no tracker is
-    asked for or not on rank 0."""
+    asked for, not on rank 0, or when there is nothing left to run (resume_from None)."""
     names = parse_report_to(args.report_to)
-    if not names or rank != 0:
+    if not names or rank != 0 or resume_from is None:
         return None
     run_name = args.run_name or os.path.basename(os.path.normpath(args.out))
     return Tracker(names, args.out, run_name, config, resume_from)

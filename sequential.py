@@ -71,8 +71,9 @@ class Args:
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
     """torch CPU threads per process (0: cores / local processes); in [0, inf)"""
-    report_to: str = "none"
-    """live trackers, one run per schedule across its stages: comma list of none, tensorboard, trackio, wandb"""
+    report_to: str = ""
+    """live trackers, one run per schedule across its stages: comma list of none, tensorboard, trackio, wandb ('':
+    none, or with --resume the saved run's)"""
     run_name: str = ""
     """the schedule's name in the trackers ('': the --out folder's name; a sweep adds each point's name)"""
     out: str = "runs/sequential"
@@ -180,13 +181,14 @@ def merge_logs(args, stages, out, upto=None):
 
 
 def open_tracker(args, stages, out, run_name):
-    """One passk.Tracker for the whole schedule (--report-to; rank 0), its x axis the merged log's step. When the
-    schedule continues after a stop, the trackers drop what the stopped run logged past its last checkpoint."""
-    redo = None
+    """One passk.Tracker for the whole schedule (--report-to; rank 0), its x axis the merged log's step; None when
+    every stage is already done. When the schedule continues after a stop, tensorboard hides what the stopped run
+    logged past its last checkpoint."""
+    redo = None  # the first step about to be (re)done
     for k, (algo, n) in enumerate(stages, 1):
         done = stage_done(ALGOS[algo], os.path.join(out, f"stage-{k}-{algo}"))
         if done != n:  # the first stage still to (re)run: its records from done + 1 on are about to be redone
-            redo = merge_logs(args, stages, out, upto=k)["step"] + (done or 0) + 1 if k > 1 or done else None
+            redo = merge_logs(args, stages, out, upto=k)["step"] + (done or 0) + 1 if k > 1 or done else 0
             break
     config = {"algo": "sequential", **dataclasses.asdict(args), "schedule": schedule_text(stages)}
     return passk.open_tracker(dataclasses.replace(args, out=out, run_name=run_name), config, redo,
@@ -379,17 +381,15 @@ def main(args):
                                         f"--run-name may change (got --{changed[0].replace('_', '-')})")
             args = Args(**{**saved, "resume": args.resume, "out": args.resume,
                            **{k: getattr(args, k) or saved.get(k, getattr(default, k))
-                              for k in ("device", "threads", "run_name")},
-                           "report_to": args.report_to if args.report_to != default.report_to
-                           else saved.get("report_to", default.report_to)})
+                              for k in ("device", "threads", "run_name", "report_to")}})
         elif os.path.exists(os.path.join(args.out, "args.json")) and rank == 0:
             raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, "
                                     f"or a new --out")
         stages = check_args(args)
-        if not args.resume and rank == 0:
+        if rank == 0:  # rewritten on --resume too: the flags that may change (--report-to, ...) hold from now on
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "args.json.tmp"), "w") as f:
-                json.dump(dataclasses.asdict(args), f, indent=1)
+                json.dump(dataclasses.asdict(dataclasses.replace(args, resume="")), f, indent=1)
             os.replace(os.path.join(args.out, "args.json.tmp"), os.path.join(args.out, "args.json"))
         if args.sweep:
             return sweep(args)

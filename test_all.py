@@ -1645,10 +1645,16 @@ def test_report_to_tensorboard_holds_the_log_step_for_step(tmp_path, algo):
     from torch.utils.tensorboard import SummaryWriter
     with SummaryWriter(str(tmp_path / "run" / "tensorboard")) as w:
         w.add_scalar("train/reward", 99.0, 3)
-    module.main(dataclasses.replace(args, iterations=4, resume=args.out))
+    module.main(dataclasses.replace(args, iterations=4, resume=args.out, report_to=""))  # '': the saved trackers
     records = es.read_log(tmp_path / "run" / "log.jsonl")
     assert [r["iteration"] for r in records if r["type"] == "train"] == [1, 2, 3, 4]
     assert_same_scalars(tensorboard_scalars(tmp_path / "run"), logged_scalars(records))
+    files = sorted(os.listdir(tmp_path / "run" / "tensorboard"))
+    module.main(dataclasses.replace(args, iterations=5, resume=args.out, report_to="none"))  # none: turned off
+    assert sorted(os.listdir(tmp_path / "run" / "tensorboard")) == files
+    assert [r["iteration"] for r in es.read_log(tmp_path / "run" / "log.jsonl") if r["type"] == "train"][-1] == 5
+    module.main(dataclasses.replace(args, iterations=5, resume=args.out))  # nothing left to run: no tracker run
+    assert sorted(os.listdir(tmp_path / "run" / "tensorboard")) == files
 
 
 def test_report_to_sequential_is_one_run_on_the_merged_step_axis(tmp_path):
@@ -1716,6 +1722,14 @@ def test_report_to_refuses_unknown_or_missing_trackers_before_any_work(tmp_path,
     with pytest.raises(SystemExit) as e:
         sequential.main(small_seq(tmp_path, "c", report_to="none,wandb"))
     assert e.value.code == 2 and "requirements-track.txt" in capsys.readouterr().err
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    if real("wandb") is not None:  # a tracker that refuses to start: one line, exit 2, nothing written
+        monkeypatch.setenv("WANDB_MODE", "bogus")
+        with pytest.raises(SystemExit) as e:
+            es.main(small_es(tmp_path, "d", report_to="tensorboard,wandb"))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.startswith("error: --report-to wandb cannot start") and "\n" not in err
+        assert not (tmp_path / "d").exists()
     assert passk.parse_report_to("none") == [] and passk.parse_report_to("") == []
 
 
