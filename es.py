@@ -568,7 +568,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
     if own_tracker:  # before anything is written: a tracker that cannot start is a one-line error
         tracker = passk.open_tracker(args, {"algo": "es", **dataclasses.asdict(args)}, rank=rank,
-                                     resume_from=None if start_it >= args.iterations else start_it and start_it + 1)
+                                     resume_from=passk.redo_from(start_it, args.iterations))
     log_path = os.path.join(args.out, "log.jsonl")
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)

@@ -527,7 +527,7 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     own_tracker = tracker is None
     if own_tracker:  # a tracker that cannot start is a one-line error, before the log is written
         tracker = passk.open_tracker(args, {"algo": "grpo", **dataclasses.asdict(args)}, rank=rank,
-                                     resume_from=None if start_it >= args.iterations else start_it and start_it + 1)
+                                     resume_from=passk.redo_from(start_it, args.iterations))
     return SimpleNamespace(args=args, rank=rank, world=world, device=device, task=task, model=model,
                            tokenizer=tokenizer, ddp=ddp, ref=ref, opt=opt, autocast=autocast, train_pool=train_pool,
                            held_out=held_out, pad=pad, log_path=open_log(args, rank, start_it), start_it=start_it,

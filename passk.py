@@ -665,6 +665,14 @@ class Tracker:
                 pass
 
 
+def redo_from(done: int, total: int):
+    """open_tracker's resume_from for a run of `total` iterations with `done` already saved: 0 for a new run (its
+    evaluation at 0 included, also with --iterations 0), done + 1 for a resumed one, None when nothing is left."""
+    if not done:
+        return 0
+    return done + 1 if done < total else None
+
+
 def open_tracker(args, config, resume_from=0, rank=0):
     """The Tracker of --report-to / --run-name (default run name: the --out folder's name); None when no tracker is
     asked for, not on rank 0, or when there is nothing left to run (resume_from None)."""

@@ -184,15 +184,16 @@ def open_tracker(args, stages, out, run_name):
     """One passk.Tracker for the whole schedule (--report-to; rank 0), its x axis the merged log's step; None when
     every stage is already done. When the schedule continues after a stop, tensorboard hides what the stopped run
     logged past its last checkpoint."""
-    redo = None  # the first step about to be (re)done
+    total = sum(n for _, n in stages)
+    done = total  # steps saved so far, up to the first stage still to (re)run
     for k, (algo, n) in enumerate(stages, 1):
-        done = stage_done(ALGOS[algo], os.path.join(out, f"stage-{k}-{algo}"))
-        if done != n:  # the first stage still to (re)run: its records from done + 1 on are about to be redone
-            redo = merge_logs(args, stages, out, upto=k)["step"] + (done or 0) + 1 if k > 1 or done else 0
+        saved = stage_done(ALGOS[algo], os.path.join(out, f"stage-{k}-{algo}"))
+        if saved != n:
+            done = merge_logs(args, stages, out, upto=k)["step"] + (saved or 0)
             break
     config = {"algo": "sequential", **dataclasses.asdict(args), "schedule": schedule_text(stages)}
-    return passk.open_tracker(dataclasses.replace(args, out=out, run_name=run_name), config, redo,
-                              int(os.environ.get("RANK", "0")))
+    return passk.open_tracker(dataclasses.replace(args, out=out, run_name=run_name), config,
+                              passk.redo_from(done, total), int(os.environ.get("RANK", "0")))
 
 
 def run_schedule(args, stages, out, run_name=""):
