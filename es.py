@@ -47,7 +47,7 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
+    """countdown, gsm8k, math, toy, toy4, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100
@@ -94,6 +94,8 @@ class Args:
     """samples per held-out problem (Pass@1..Pass@eval_n); in [1, inf)"""
     eval_problems: int = 200
     """held-out problems; in [1, inf)"""
+    eval_split: str = "test"
+    """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     save_every: int = 25
     """checkpoint every this many iterations (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/es"
@@ -563,7 +565,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
-    held_out = task.examples("test", args.eval_problems, seed=1234)
+    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
     mine = [n for n in range(args.population) if n % world == rank]
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
     if own_tracker:  # before anything is written: a tracker that cannot start is a one-line error

@@ -48,7 +48,7 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
+    """countdown, gsm8k, math, toy, toy4, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 150
@@ -99,6 +99,8 @@ class Args:
     """samples per held-out problem (Pass@1..Pass@eval_n); in [1, inf)"""
     eval_problems: int = 200
     """held-out problems; in [1, inf)"""
+    eval_split: str = "test"
+    """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     save_every: int = 25
     """checkpoint every this many steps (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/grpo"
@@ -521,7 +523,7 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
-    held_out = task.examples("test", args.eval_problems, seed=1234)
+    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start_it = state.get("iteration", 0)
     own_tracker = tracker is None

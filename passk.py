@@ -400,11 +400,11 @@ class Args:
     model: str = DEFAULT_MODEL
     """hub id or local directory (a run directory loads its latest checkpoint); default: the embedded model"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
+    """countdown, gsm8k, math, toy, toy4, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     split: str = "test"
-    """which split of the task to evaluate; one of {test, train, all}"""
+    """which split of the task to evaluate; one of {test, val, train, all}"""
     problems: int = 200
     """number of problems; in [1, inf)"""
     n: int = 64

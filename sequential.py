@@ -42,8 +42,8 @@ import passk
 import verify
 
 ALGOS = {"es": es, "grpo": grpo}
-SHARED = ("model", "task", "data", "seed", "max_new_tokens", "eval_every", "eval_n", "eval_problems", "device",
-          "threads")  # apply to every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
+SHARED = ("model", "task", "data", "seed", "max_new_tokens", "eval_every", "eval_n", "eval_problems", "eval_split",
+          "device", "threads")  # apply to every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
 PER_STAGE = ("iterations", "out", "resume", "report_to", "run_name")  # set by the schedule (one tracker for all)
 
 
@@ -54,7 +54,7 @@ class Args:
     model: str = passk.DEFAULT_MODEL
     """hub id or local directory the first stage starts from; default: the embedded model (models/toy)"""
     task: str = "toy"
-    """countdown, gsm8k, math, toy, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
+    """countdown, gsm8k, math, toy, toy4, or rg:NAME (reasoning-gym); options after '?', e.g. toy?min_target=100"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     seed: int = 0
@@ -67,6 +67,8 @@ class Args:
     """samples per held-out problem (Pass@1..Pass@eval_n); in [1, inf)"""
     eval_problems: int = 200
     """held-out problems; in [1, inf)"""
+    eval_split: str = "test"
+    """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0

@@ -46,7 +46,7 @@ class Args:
     tuned: str = "runs/es"
     """the model after post-training: directory, hub id, run or schedule directory"""
     task: str = "toy"
-    """the task the model was tuned on (held-out Pass@k): countdown, gsm8k, math, toy, with options after '?'"""
+    """the task the model was tuned on (held-out Pass@k): countdown, gsm8k, math, toy, toy4, options after '?'"""
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     keep: str = "0,0.1,0.3,1,3,10,30,100"
@@ -60,7 +60,8 @@ class Args:
     quant: str = "8,4"
     """comma list of round-to-nearest weight bit widths, per output channel ('' for none)"""
     forget_task: str = "auto"
-    """held-out task for forgetting ('auto': toy?min_target=100,max_target=729 when --task is toy; '' for none)"""
+    """held-out task for forgetting ('auto': toy?min_target=100,max_target=729 for toy, toy4?min_target=10,
+    max_target=99 for toy4; '' for none)"""
     forget_data: str = ""
     """local data file for --forget-task"""
     lm_sequences: int = 2048
@@ -83,6 +84,8 @@ class Args:
     """output directory: sparsity.jsonl, keep.png, delta_hist.png, compress.png"""
 
 
+# the embedded tasks' unseen families ('auto' --forget-task): targets their models were never pretrained or tuned on
+FORGET = {"toy": "toy?min_target=100,max_target=729", "toy4": "toy4?min_target=10,max_target=99"}
 MODULE_TYPES = ("embedding", "attention", "mlp", "norm", "head", "other")
 
 
@@ -259,8 +262,7 @@ def run(args):
     sparsities = parse_numbers(args.prune, "--prune", 0, 100) if args.prune else []
     bits = parse_numbers(args.quant, "--quant", 2, 16, int) if args.quant else []
     task = verify.get_task(args.task, args.data or None)
-    forget_name = ("toy?min_target=100,max_target=729" if args.task.split("?")[0] == "toy" else "") \
-        if args.forget_task == "auto" else args.forget_task
+    forget_name = FORGET.get(args.task.split("?")[0], "") if args.forget_task == "auto" else args.forget_task
     forget = verify.get_task(forget_name, args.forget_data or None) if forget_name else None
     passk.check_writable(args.out)
     if args.threads:
@@ -290,7 +292,7 @@ def run(args):
     jobs = [("eval", "base", None), ("eval", "tuned", None)]
     jobs += [("keep", mode, q) for mode in modes for q in keep]
     jobs += [("compress", f"prune-{s:g}%", s) for s in sparsities] + [("compress", f"int{b}", b) for b in bits]
-    jobs += [("forgetting", None, None)] if forget is not None or (args.task.split("?")[0] == "toy"
+    jobs += [("forgetting", None, None)] if forget is not None or (args.task.split("?")[0] in FORGET
                                                                      and args.lm_sequences) else []
     from tqdm import tqdm
     bar = tqdm(jobs, desc="sparsity", unit="eval", file=sys.stderr)
@@ -313,7 +315,7 @@ def run(args):
                 rec = {"kind": "forgetting", "model": which}
                 if forget is not None:
                     rec.update(task=forget_name, **{f"forget_{k}": v for k, v in evaluate(w, forget, family).items()})
-                if args.task.split("?")[0] == "toy" and args.lm_sequences:
+                if args.task.split("?")[0] in FORGET and args.lm_sequences:
                     with torch.no_grad():
                         for k, p in params.items():
                             p.copy_(w[k].to(p.device))

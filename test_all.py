@@ -334,7 +334,7 @@ def test_toy_distribution_is_pinned():
 
 
 def test_usage_errors(tmp_path):
-    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy, rg:NAME\\)"):
+    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy, toy4, rg:NAME\\)"):
         verify.get_task('x')
     assert len(verify.get_task('gsm8k').examples('all', 1000, 0)) == 100  # the bundled files are the defaults
     assert len(verify.get_task('math').examples('all', 1000, 0)) == 500
@@ -586,8 +586,233 @@ def test_toy_script_matches_verify_toy_task():
         assert mine and mine <= set(verify.toy_solutions(ex["numbers"], ex["target"]))
 
 
-def test_toy_script_builds_a_model_deterministically(tmp_path):
-    small = dict(steps=3, batch=8, hidden=32, intermediate=64, layers=1, heads=2, eval_problems=0)
+# ---- toy4 (verify.py's Toy4Task and toy.py's copy of it) -----------------------------------------------------------
+def _toy4_key(ex):
+    return tuple(ex["numbers"]), ex["target"]
+
+
+def test_toy4_script_matches_verify_and_splits_are_disjoint_70_10_20():
+    task = verify.get_task("toy4")
+    assert task.splits == ("train", "val", "test")
+    seen = {}
+    for split in task.splits:
+        assert toy.task_examples("toy4", split, 50, seed=3) == task.examples(split, 50, seed=3)
+        seen[split] = {_toy4_key(ex) for ex in task.examples(split, 300, seed=5)}
+        assert all(verify.toy4_split(list(k[0]), k[1]) == split == toy.toy4_split(list(k[0]), k[1])
+                   for k in seen[split])
+    assert not (seen["train"] & seen["val"]) and not (seen["train"] & seen["test"]) and not (seen["val"] & seen["test"])
+    assert toy.task_examples("toy", "test", 20, seed=3) == verify.get_task("toy").examples("test", 20, seed=3)
+    drawn = task.examples("all", 1000, seed=7)
+    share = {s: sum(verify.toy4_split(ex["numbers"], ex["target"]) == s for ex in drawn) / len(drawn)
+             for s in task.splits}
+    assert 0.62 <= share["train"] <= 0.78 and 0.06 <= share["val"] <= 0.15 and 0.14 <= share["test"] <= 0.26, share
+
+
+def test_toy4_targets_in_range_and_solvable_by_the_generators_tree():
+    for name, lo, hi in (("toy4", 100, 999), ("toy4?min_target=10,max_target=99", 10, 99)):
+        task = verify.get_task(name)
+        for split in task.splits:
+            for ex in task.examples(split, 40, seed=11):
+                assert len(ex["numbers"]) == 4 and all(1 <= n <= 9 for n in ex["numbers"])
+                assert isinstance(ex["target"], int) and lo <= ex["target"] <= hi, (name, ex)
+                assert any(v == ex["target"] for v in toy.all_expressions4(ex["numbers"]).values()), ex
+    rng = random.Random(0)
+    for i in range(200):  # toy.py's draw: its tree makes the target, and every verifier agrees
+        nums, t, tree = toy.draw_problem4(rng)
+        text = toy.show_tree(tree)
+        assert toy.tree_value(tree) == t == verify._tree_value(tree) and 100 <= t <= 999
+        assert sorted(nums) == sorted(_tree_leaves(tree)) and verify.check_expression(text, nums, t) == (True, True)
+        assert verify.get_task("toy4").reward(text + "\n", {"numbers": nums, "target": t}) == 1.0
+        if i < 5:  # + - * solutions are among toy_solutions' (+ - * /) ones, printed alike
+            mine = {e for e, v in toy.all_expressions4(nums).items() if v == t}
+            assert text in mine and mine <= set(verify.toy_solutions(nums, t))
+
+
+def _tree_leaves(tree):
+    return [tree] if isinstance(tree, int) else _tree_leaves(tree[1]) + _tree_leaves(tree[2])
+
+
+def _tree_with_leaves(tree, values):
+    """The tree with its leaves (left to right) replaced by the values (an iterator)."""
+    if isinstance(tree, int):
+        return next(values)
+    return tree[0], _tree_with_leaves(tree[1], values), _tree_with_leaves(tree[2], values)
+
+
+def _tree_int(tree):
+    if isinstance(tree, int):
+        return tree
+    a, b = _tree_int(tree[1]), _tree_int(tree[2])
+    return a + b if tree[0] == "+" else a - b if tree[0] == "-" else a * b
+
+
+def _eval_tokens(tokens):
+    """Value of a token list (ints, + - * and parentheses) by precedence climbing: usual precedence, left
+    associative. Written here, not shared with the code under test; no eval."""
+    pos = 0
+
+    def atom():
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            v = expr(1)
+            assert tokens[pos] == ")"
+            pos += 1
+            return v
+        assert isinstance(tok, int), tokens
+        return tok
+
+    def expr(min_prec):
+        nonlocal pos
+        v = atom()
+        while pos < len(tokens) and tokens[pos] in ("+", "-", "*") and {"+": 1, "-": 1, "*": 2}[tokens[pos]] >= min_prec:
+            op = tokens[pos]
+            pos += 1
+            w = expr({"+": 1, "-": 1, "*": 2}[op] + 1)
+            v = v + w if op == "+" else v - w if op == "-" else v * w
+        return v
+
+    v = expr(1)
+    assert pos == len(tokens), tokens
+    return v
+
+
+def test_toy_show_tree_prints_the_trees_value_with_minimal_parentheses():
+    """show_tree == verify._show; the text evaluates to the tree's value; and removing any one pair of its parentheses
+    changes the value for generic leaves (large random ones, so that no 1 or coincidence hides a needed pair)."""
+    rng = random.Random(5)
+    for _ in range(400):
+        nums = [rng.randint(1, 9) for _ in range(rng.randint(2, 6))]
+        tree = toy.random_tree(rng, nums)
+        text = toy.show_tree(tree)
+        assert text == verify._show(tree) and verify._tree_value(tree) == toy.tree_value(tree)
+        assert verify.check_expression(text, nums, toy.tree_value(tree)) == (True, True), text
+        generic = [rng.randint(10**5, 10**7) for _ in nums]
+        tokens, leaves = [], iter(generic)
+        for ch in text:
+            tokens.append(next(leaves) if ch.isdigit() else ch)
+        want = _tree_int(_tree_with_leaves(tree, iter(generic)))
+        assert _eval_tokens(tokens) == want, text
+        opens = []
+        for i, tok in enumerate(tokens):
+            if tok == "(":
+                opens.append(i)
+            elif tok == ")":
+                j = opens.pop()
+                assert _eval_tokens(tokens[:j] + tokens[j + 1:i] + tokens[i + 1:]) != want, (text, j)
+
+
+def _brute_guess_rate(numbers, target):
+    """toy4_guess_rate's definition, computed here: distinct minimal-parenthesis texts over the numbers, + - *."""
+    import itertools
+    prec = {"+": 1, "-": 1, "*": 2}
+
+    def trees(leaves):  # (text, precedence of the top operator or 3 for a number, value)
+        if len(leaves) == 1:
+            yield str(leaves[0]), 3, leaves[0]
+            return
+        for cut in range(1, len(leaves)):
+            for lt, lp, lv in trees(leaves[:cut]):
+                for rt, rp, rv in trees(leaves[cut:]):
+                    for op in "+-*":
+                        lt2 = f"({lt})" if lp < prec[op] else lt
+                        rt2 = f"({rt})" if rp < prec[op] or (rp == prec[op] and op == "-") else rt
+                        yield lt2 + op + rt2, prec[op], lv + rv if op == "+" else lv - rv if op == "-" else lv * rv
+
+    values = {}
+    for order in set(itertools.permutations(numbers)):
+        for text, _, v in trees(list(order)):
+            assert values.setdefault(text, v) == v
+    return sum(v == target for v in values.values()), len(values)
+
+
+TOY4 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy4")
+
+
+def test_toy4_model_lands_in_the_headroom_bands():
+    """The headroom setting's base model (committed models/toy4, pretrained on toy4's train split only): on held-out
+    problems its pass@1 is in [0.03, 0.25] and its pass@64 in [0.30, 0.75], so both can rise (and fall)."""
+    model, tok = passk.load_model(TOY4)
+    task = verify.get_task("toy4")
+    held_out = task.examples("test", 100, seed=1234)
+    assert not {(tuple(e["numbers"]), e["target"]) for e in held_out} & {
+        (tuple(e["numbers"]), e["target"]) for e in task.examples("train", 2000, seed=1)}
+    summary, _ = passk.evaluate(model, tok, task, held_out, n=64, temperature=1.0, batch_size=1024,
+                                seed=passk.EVAL_SEED)
+    assert 0.03 <= summary["pass@1"] <= 0.25, summary["pass@1"]
+    assert 0.30 <= summary["pass@64"] <= 0.75, summary["pass@64"]
+    saved = json.load(open(os.path.join(TOY4, "toy_args.json")))
+    assert saved["task"] == "toy4" and saved["seed"] == 0
+
+
+def test_toy4_guess_rate_by_hand_and_under_one_percent():
+    hits, total = _brute_guess_rate([1, 1, 1, 1], 4)
+    assert hits == 2  # by hand: 1+1+1+1 and (1+1)*(1+1); a factor 1 gives at most 3
+    assert verify.toy4_guess_rate([1, 1, 1, 1], 4) == pytest.approx(2 / total)
+    for numbers, target in (([1, 1, 1, 1], 1), ([2, 3, 4, 5], 120), ([9, 9, 9, 9], 6561), ([1, 2, 3, 4], 10),
+                            ([7, 8, 9, 1], 1000)):
+        hits, total = _brute_guess_rate(numbers, target)
+        assert verify.toy4_guess_rate(numbers, target) == pytest.approx(hits / total), (numbers, target)
+    assert verify.toy4_guess_rate([9, 9, 9, 9], 6561) > 0 and verify.toy4_guess_rate([7, 8, 9, 1], 1000) == 0
+    rates = [verify.toy4_guess_rate(ex["numbers"], ex["target"])
+             for ex in verify.get_task("toy4").examples("test", 200, seed=1234)]
+    assert all(r > 0 for r in rates) and sum(rates) / len(rates) < 0.01, sum(rates) / len(rates)
+
+
+def test_toy4_bad_split_and_option_are_usage_errors():
+    with pytest.raises(verify.UsageError, match=r"split 'val' for task toy \(choose from: train, test\)"):
+        verify.get_task("toy").examples("val", 5, 0)
+    with pytest.raises(verify.UsageError, match=r"choose from: train, val, test"):
+        verify.get_task("toy4").examples("dev", 5, 0)
+    for name in ("toy4?max_target=7000", "toy4?min_target=500,max_target=400", "toy4?min_target=-1"):
+        with pytest.raises(verify.UsageError, match="6561"):
+            verify.get_task(name)
+    assert len(verify.get_task("toy4?max_target=6561").examples("val", 3, 0)) == 3
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("es.py", ["--iterations", "1", "--population", "2", "--prompts", "2"]),
+    ("grpo.py", ["--iterations", "1", "--prompts", "2", "--group", "2"]),
+], ids=["es", "grpo"])
+def test_eval_split_val_on_toy_is_one_line_exit_2(tmp_path, script, argv):
+    out = tmp_path / "run"
+    r = run_cli(script, "--task", "toy", "--eval-split", "val", "--eval-problems", "2", "--eval-n", "1",
+                "--out", str(out), *argv)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "unknown split 'val' for task toy" in r.stderr and "train, test" in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_passk_split_val_on_toy_is_one_line_exit_2():
+    assert "val" in passk.field_docs(passk.Args)["split"]
+    r = run_cli("passk.py", "--task", "toy", "--split", "val", "--n", "1", "--problems", "2")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "unknown split 'val' for task toy" in r.stderr and "train, test" in r.stderr, r.stderr
+
+
+def test_es_toy4_evaluates_on_the_val_split(tmp_path, monkeypatch):
+    seen, real_evaluate = [], passk.evaluate
+
+    def spy(model, tokenizer, task, examples, *a, **kw):
+        seen.append([dict(ex) for ex in examples])
+        return real_evaluate(model, tokenizer, task, examples, *a, **kw)
+
+    monkeypatch.setattr(passk, "evaluate", spy)
+    args = small_es(tmp_path, "toy4-val", task="toy4", eval_split="val", population=2, prompts=2, iterations=1,
+                    eval_problems=3, eval_n=2, train_problems=20)
+    es.train(args)
+    lines = [json.loads(x) for x in open(os.path.join(args.out, "log.jsonl"))]
+    assert lines[0]["type"] == "config" and lines[0]["task"] == "toy4" and lines[0]["eval_split"] == "val"
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert [x["iteration"] for x in evals] == [0, 1] and all({"pass@1", "pass@2"} <= set(x) for x in evals)
+    val = verify.get_task("toy4").examples("val", 3, seed=1234)
+    assert seen == [val, val] and all(verify.toy4_split(ex["numbers"], ex["target"]) == "val" for ex in val)
+
+
+@pytest.mark.parametrize("task", ["toy", "toy4"])
+def test_toy_script_builds_a_model_deterministically(tmp_path, task):
+    small = dict(task=task, steps=3, batch=8, hidden=32, intermediate=64, layers=1, heads=2, eval_problems=0)
     toy.main(toy.Args(out=str(tmp_path / "a"), **small))
     toy.main(toy.Args(out=str(tmp_path / "b"), **small))
     ma, _ = passk.load_model(str(tmp_path / "a"))
@@ -1475,8 +1700,15 @@ def weights_digest(sd):
 
 # Recorded on this project's CI machine kind (torch 2.13.0 CPU, one thread) before grpo.train was split into named
 # steps and the trackers (--report-to) were added: a restructuring must not change one bit of what a seed trains.
-RECORDED_WEIGHTS = {"es": "70cb14bce9c35a3f", "es-lowrank": "7b44dc6000bc7606", "grpo": "66c2e64ae71b6f1e",
-                    "grpo-batch": "0a00791e462fd6fc", "sequential": "2436422ac1a340f8"}
+# That kind runs on more than one CPU: the backward pass's matmul kernels differ between them, so GRPO's bits do too
+# (ES, forward only, agrees). One recording per CPU seen: the second was taken at commit d656f9e on an AMD EPYC, and
+# the toy4 change after it gives the same hashes there.
+RECORDED_WEIGHTS = [
+    {"es": "70cb14bce9c35a3f", "es-lowrank": "7b44dc6000bc7606", "grpo": "66c2e64ae71b6f1e",
+     "grpo-batch": "0a00791e462fd6fc", "sequential": "2436422ac1a340f8"},
+    {"es": "70cb14bce9c35a3f", "es-lowrank": "7b44dc6000bc7606", "grpo": "a3e3db2877497d55",
+     "grpo-batch": "f32e233173909842", "sequential": "56f51c79c2e4a404"},
+]
 
 
 def test_same_seeds_train_the_recorded_weights(tmp_path):
@@ -1490,7 +1722,7 @@ def test_same_seeds_train_the_recorded_weights(tmp_path):
     got = {"es": weights_digest(weights(tmp_path / "es")), "es-lowrank": weights_digest(weights(tmp_path / "esl")),
            "grpo": weights_digest(weights(tmp_path / "g")), "grpo-batch": weights_digest(weights(tmp_path / "g2")),
            "sequential": weights_digest(final_weights(str(tmp_path / "s")))}
-    assert got == RECORDED_WEIGHTS
+    assert got in RECORDED_WEIGHTS, got
 
 
 def test_sequential_two_stages_log_load_and_rerun_bit_identically(tmp_path):

@@ -10,6 +10,7 @@ number. The result has a low Pass@1 and a much higher Pass@k, and post-training 
 
     python toy.py                        # rebuilds models/toy (the committed default) deterministically
     python toy.py --out models/toy-l --hidden 192 --layers 6   # another size, e.g. for "larger model, smaller N"
+    python toy.py --task toy4 --steps 900 --threads 2          # rebuilds models/toy4: the headroom setting (toy4 task)
 
 This script stands alone (it does not import verify.py): it knows which expressions are correct because it builds
 them. It reproduces verify.py's `toy` problem distribution and train/test split exactly (test_all.py checks that),
@@ -35,8 +36,11 @@ import torch
 
 @dataclass
 class Args:
-    out: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "toy")
-    """where to write the model and tokenizer (save_pretrained format)"""
+    out: str = ""
+    """where to write the model and tokenizer (save_pretrained format; '': models/toy or models/toy4, by --task)"""
+    task: str = "toy"
+    """toy (3 numbers 1..9, targets 0..99, a quarter held out) or toy4 (4 numbers 1..9, targets 100..999, train /
+    val / test 70/10/20: the headroom setting); one of {toy, toy4}"""
     seed: int = 0
     """seeds the corpus and the initialisation: the same seed rebuilds the same model; in [0, inf)"""
     hidden: int = 128
@@ -118,6 +122,87 @@ def toy_examples(split, n, seed):
     return out
 
 
+# ---- the toy4 task (must match verify.py: `toy4` task, toy4_problem, toy4_split) --------------------------------
+TOY4_TARGETS = (100, 999)
+
+
+def tree_value(tree):
+    if isinstance(tree, int):
+        return tree
+    op, left, right = tree
+    return apply(op, tree_value(left), tree_value(right))
+
+
+def show_tree(tree):
+    """A tree `int | (op, left, right)` with only the parentheses that change its value."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, left, right = tree
+    text_l, text_r = show_tree(left), show_tree(right)
+    if not isinstance(left, int) and PREC[left[0]] < PREC[op]:
+        text_l = f"({text_l})"
+    if not isinstance(right, int) and (PREC[right[0]] < PREC[op] or (PREC[right[0]] == PREC[op] and op == "-")):
+        text_r = f"({text_r})"
+    return f"{text_l}{op}{text_r}"
+
+
+def random_tree(rng, nums):
+    """Join two neighbours of a shuffled list with a random operator until one tree is left."""
+    items = rng.sample(nums, len(nums))
+    while len(items) > 1:
+        i = rng.randrange(len(items) - 1)
+        items[i:i + 2] = [(rng.choice(OPS), items[i], items[i + 1])]
+    return items[0]
+
+
+def draw_problem4(rng):
+    """(numbers, target, the tree that made it); redrawn until the target is in TOY4_TARGETS."""
+    while True:
+        nums = [rng.randint(1, 9) for _ in range(4)]
+        tree = random_tree(rng, nums)
+        t = tree_value(tree)
+        if TOY4_TARGETS[0] <= t <= TOY4_TARGETS[1]:
+            return nums, t, tree
+
+
+def toy4_split(numbers, target):
+    key = (" ".join(map(str, numbers)) + f":{target}").encode()
+    h = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 10
+    return "test" if h < 2 else "val" if h == 2 else "train"
+
+
+def all_trees(leaves):
+    if len(leaves) == 1:
+        yield leaves[0]
+        return
+    for cut in range(1, len(leaves)):
+        for left in all_trees(leaves[:cut]):
+            for right in all_trees(leaves[cut:]):
+                for op in OPS:
+                    yield op, left, right
+
+
+def all_expressions4(nums):
+    """Every (string, value) over the four numbers: permutations x shapes x operators."""
+    return {show_tree(t): tree_value(t) for order in set(itertools.permutations(nums)) for t in all_trees(list(order))}
+
+
+def task_examples(task, split, n, seed):
+    """verify.get_task(task).examples(split, n, seed) for toy and toy4 (test_all.py checks the equality)."""
+    if task == "toy":
+        return toy_examples(split, n, seed)
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        nums, t, _ = draw_problem4(rng)
+        if toy4_split(nums, t) == split:
+            out.append({"numbers": nums, "target": t})
+    return out
+
+
+def prompt_text(nums, t):
+    return " ".join(map(str, nums)) + f":{t}="
+
+
 # ---- corpus ------------------------------------------------------------------------------------------------------
 def completion(rng, nums, target, args):
     """One training completion from the broad mixture (correct / random guess / wrong number)."""
@@ -130,6 +215,18 @@ def completion(rng, nums, target, args):
         nums[rng.randrange(3)] = rng.randint(1, 9)
         exprs = all_expressions(nums)
     return rng.choice(sorted(exprs))
+
+
+def completion4(rng, nums, tree, args):
+    """toy4's mixture: the problem's own tree (correct), a random tree over the numbers (a guess) or over one wrong
+    number. Enumerating every correct expression of four numbers per row would dominate pretraining time."""
+    u = rng.random()
+    if u < args.p_correct:
+        return show_tree(tree)
+    if u < args.p_correct + args.p_wrong_number:
+        nums = list(nums)
+        nums[rng.randrange(4)] = rng.randint(1, 9)
+    return show_tree(random_tree(rng, nums))
 
 
 def make_tokenizer():
@@ -153,11 +250,17 @@ def batch_tensors(rng, tok, args):
     ids, labels = [], []
     for _ in range(args.batch):
         while True:
-            nums, t = draw_problem(rng)
-            if toy_split(nums, t) == "train":
-                break
-        p = tok(f"{nums[0]} {nums[1]} {nums[2]}:{t}=")["input_ids"]
-        c = tok(completion(rng, nums, t, args))["input_ids"] + [tok.eos_token_id]
+            if args.task == "toy":
+                nums, t = draw_problem(rng)
+                if toy_split(nums, t) == "train":
+                    break
+            else:
+                nums, t, tree = draw_problem4(rng)
+                if toy4_split(nums, t) == "train":
+                    break
+        p = tok(prompt_text(nums, t))["input_ids"]
+        text = completion(rng, nums, t, args) if args.task == "toy" else completion4(rng, nums, tree, args)
+        c = tok(text)["input_ids"] + [tok.eos_token_id]
         ids.append(p + c)
         labels.append([-100] * len(p) + c)
     L = max(map(len, ids))
@@ -167,14 +270,14 @@ def batch_tensors(rng, tok, args):
 
 def quick_eval(model, tok, args, k=16):
     """Pass@1 and Pass@k (unbiased estimator, n=k samples at T=1) on held-out problems, with this file's checker."""
-    probs = toy_examples("test", args.eval_problems, seed=12345)
+    probs = task_examples(args.task, "test", args.eval_problems, seed=12345)
     tok.padding_side = "left"
     p1, pk = [], []
     for ex in probs:
         nums, t = ex["numbers"], ex["target"]
-        good = {e for e, v in all_expressions(nums).items() if v == t}
-        enc = tok([f"{nums[0]} {nums[1]} {nums[2]}:{t}="] * k, return_tensors="pt")
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=12,
+        good = {e for e, v in (all_expressions if args.task == "toy" else all_expressions4)(nums).items() if v == t}
+        enc = tok([prompt_text(nums, t)] * k, return_tensors="pt")
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=16,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         c = sum(s.strip() in good for s in texts)
@@ -184,6 +287,9 @@ def quick_eval(model, tok, args, k=16):
 
 
 def main(args):
+    if not args.out:  # the committed model of the task: never one task's corpus over the other's model
+        args = dataclasses.replace(args, out=os.path.join(os.path.dirname(os.path.abspath(__file__)), "models",
+                                                          args.task))
     check_args(args)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     if args.threads:
@@ -261,6 +367,8 @@ def check_args(args):
         if m and not ((float(m[2]) <= v if m[1] == "[" else float(m[2]) < v) and
                       (v <= float(m[3]) if m[4] == "]" else v < float(m[3]))):
             fail(f"--{name.replace('_', '-')} must be in {m[1]}{m[2]}, {m[3]}{m[4]}; got {v}")
+    if args.task not in ("toy", "toy4"):
+        fail(f"--task must be toy or toy4; got {args.task!r}")
     if args.hidden % args.heads:
         fail(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
     if args.p_correct + args.p_wrong_number > 1:

@@ -614,6 +614,7 @@ class Task:
     needs_data = False
     default_data = None  # the bundled file a file-backed task reads when no --data is given
     format_bonus = 0.0   # reward of a well-formatted but wrong answer
+    splits = ('train', 'test')  # toy4 adds 'val': tuning problems disjoint from both
 
     def __init__(self, data: str | None = None):
         data = data or self.default_data
@@ -636,8 +637,8 @@ class Task:
 
     def examples(self, split: str, n: int, seed: int) -> list[dict]:
         """The first n of a seeded shuffle of the split ('all' is accepted for file-backed tasks)."""
-        if split not in ('train', 'test', 'all'):
-            raise UsageError(f"unknown split '{split}' (choose from: train, test)")
+        if split not in (*self.splits, 'all'):
+            raise UsageError(f"unknown split '{split}' for task {self.name} (choose from: {', '.join(self.splits)})")
         if self.pool is None:
             return self.generate(split, n, seed)
         chosen = [dict(ex) for s, ex in self.pool if split in ('all', s)]
@@ -924,7 +925,68 @@ class ToyTask(Task):
         return re.sub(r'\s', '', text) if _parse_arith(text) is not None else None
 
 
-TASKS = {'countdown': CountdownTask, 'gsm8k': Gsm8kTask, 'math': MathTask, 'toy': ToyTask}
+# ---- The toy4 task, the headroom setting (toy.py reproduces its distribution and split; test_all.py checks that) -
+def toy4_problem(rng: random.Random, min_target: int = 100, max_target: int = 999) -> dict:
+    """Draw one toy4 problem. Exactly, in this order: numbers = [rng.randint(1, 9) for 4]; items =
+    rng.sample(numbers, 4); while more than one item: i = rng.randrange(len(items) - 1), items[i:i+2] =
+    [(rng.choice('+-*'), items[i], items[i+1])]; the whole draw repeats unless min_target <= value <= max_target."""
+    while True:
+        numbers = [rng.randint(1, 9) for _ in range(4)]
+        items = rng.sample(numbers, 4)
+        while len(items) > 1:
+            i = rng.randrange(len(items) - 1)
+            items[i:i + 2] = [(rng.choice('+-*'), items[i], items[i + 1])]
+        target = int(_tree_value(items[0]))
+        if min_target <= target <= max_target:
+            return {'numbers': numbers, 'target': target}
+
+
+def toy4_split(numbers, target) -> str:
+    """'test' for 20% of all problems, 'val' for 10%, 'train' for the rest, by a hash of the problem."""
+    h = _stable_hash(' '.join(map(str, numbers)) + f':{target}') % 10
+    return 'test' if h < 2 else 'val' if h == 2 else 'train'
+
+
+def toy4_guess_rate(numbers, target) -> float:
+    """The chance that a uniform draw among the well-formed answers (distinct expressions using each number once,
+    + - *, minimal parentheses) is correct: the share of problems a blind guesser solves per sample."""
+    values = {}
+    for order in set(itertools.permutations(numbers)):
+        for tree in _trees(list(order), '+-*'):
+            values[_show(tree)] = _tree_value(tree)
+    return sum(v == target for v in values.values()) / len(values)
+
+
+class Toy4Task(ToyTask):
+    """The headroom setting: four numbers 1..9, + - * only, targets 100..999, so that a blind guess solves under 1%
+    of problems per sample and Pass@64 measures reasoning coverage rather than guessing (models/toy4 is pretrained
+    on its train split). Options draw another target range (`toy4?min_target=10,max_target=99` is a family the
+    model never saw: the forgetting check). Splits: train, val (for tuning), test (held out)."""
+    name = 'toy4'
+    options = {'min_target': 100, 'max_target': 999}
+    splits = ('train', 'val', 'test')
+
+    def __init__(self, data: str | None = None, min_target: int = 100, max_target: int = 999):
+        Task.__init__(self, None)
+        if not (isinstance(min_target, int) and isinstance(max_target, int) and 0 <= min_target <= max_target
+                <= 6561):
+            raise UsageError(f'toy4 needs integer targets 0 <= min_target <= max_target <= 6561 (9**4); got '
+                             f'{min_target}..{max_target}')
+        self.min_target, self.max_target = min_target, max_target
+
+    def generate(self, split, n, seed):
+        rng, out = random.Random(seed), []
+        while len(out) < n:
+            problem = toy4_problem(rng, self.min_target, self.max_target)
+            if split in ('all', toy4_split(problem['numbers'], problem['target'])):
+                out.append(problem)
+        return out
+
+    def prompt(self, example, tokenizer=None):
+        return ' '.join(map(str, example['numbers'])) + f":{example['target']}="
+
+
+TASKS = {'countdown': CountdownTask, 'gsm8k': Gsm8kTask, 'math': MathTask, 'toy': ToyTask, 'toy4': Toy4Task}
 
 
 def _option_value(text: str):
