@@ -388,8 +388,9 @@ def parse_args(argv=None):
             fail(message)
     p, docs = Parser(description=__doc__.split("\n")[0]), field_docs(Args)
     for f in dataclasses.fields(Args):
+        shown = "''" if f.default == "" else f.default
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, metavar=f.name.upper(),
-                       help=f"{docs[f.name]} (default: {f.default})".replace("%", "%%"))
+                       help=f"{docs[f.name]} (default: {shown})".replace("%", "%%"))
     return Args(**vars(p.parse_args(argv)))
 
 
