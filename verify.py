@@ -892,19 +892,22 @@ class ToyTask(Task):
     model was pretrained and is post-trained on 0..99 only, so 100..729 is a problem family it never saw."""
     name, format_bonus = 'toy', 0.1
     options = {'min_target': 0, 'max_target': 99}
+    largest = '729 (9*9*9)'  # the largest target the numbers reach
+    draw, split_of = staticmethod(toy_problem), staticmethod(toy_split)
 
-    def __init__(self, data: str | None = None, min_target: int = 0, max_target: int = 99):
+    def __init__(self, data: str | None = None, **options):
         super().__init__(None)  # procedural only; a data file has no meaning here
-        if not (isinstance(min_target, int) and isinstance(max_target, int) and 0 <= min_target <= max_target <= 729):
-            raise UsageError(f'toy needs integer targets 0 <= min_target <= max_target <= 729 (9*9*9); got '
-                             f'{min_target}..{max_target}')
-        self.min_target, self.max_target = min_target, max_target
+        lo, hi = (options.get(k, self.options[k]) for k in ('min_target', 'max_target'))
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= int(self.largest.split()[0])):
+            raise UsageError(f'{self.name} needs integer targets 0 <= min_target <= max_target <= {self.largest}; '
+                             f'got {lo}..{hi}')
+        self.min_target, self.max_target = lo, hi
 
     def generate(self, split, n, seed):
         rng, out = random.Random(seed), []
         while len(out) < n:
-            problem = toy_problem(rng, self.min_target, self.max_target)
-            if split in ('all', toy_split(problem['numbers'], problem['target'])):
+            problem = self.draw(rng, self.min_target, self.max_target)
+            if split in ('all', self.split_of(problem['numbers'], problem['target'])):
                 out.append(problem)
         return out
 
@@ -965,22 +968,8 @@ class Toy4Task(ToyTask):
     name = 'toy4'
     options = {'min_target': 100, 'max_target': 999}
     splits = ('train', 'val', 'test')
-
-    def __init__(self, data: str | None = None, min_target: int = 100, max_target: int = 999):
-        Task.__init__(self, None)
-        if not (isinstance(min_target, int) and isinstance(max_target, int) and 0 <= min_target <= max_target
-                <= 6561):
-            raise UsageError(f'toy4 needs integer targets 0 <= min_target <= max_target <= 6561 (9**4); got '
-                             f'{min_target}..{max_target}')
-        self.min_target, self.max_target = min_target, max_target
-
-    def generate(self, split, n, seed):
-        rng, out = random.Random(seed), []
-        while len(out) < n:
-            problem = toy4_problem(rng, self.min_target, self.max_target)
-            if split in ('all', toy4_split(problem['numbers'], problem['target'])):
-                out.append(problem)
-        return out
+    largest = '6561 (9**4)'
+    draw, split_of = staticmethod(toy4_problem), staticmethod(toy4_split)
 
     def prompt(self, example, tokenizer=None):
         return ' '.join(map(str, example['numbers'])) + f":{example['target']}="
