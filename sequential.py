@@ -348,7 +348,8 @@ def check_args(args):
     passk.check_fields(args)
     passk.parse_report_to(args.report_to)
     passk.check_device(args.device)
-    verify.get_task(args.task, args.data or None)
+    # one problem drawn here: a split the task lacks, or a range none reaches, fails before args.json is written
+    verify.get_task(args.task, args.data or None).examples(args.eval_split, 1, 0)
     stages = [] if args.sweep else parse_schedule(args.schedule)
     for algo, module in ALGOS.items():
         unknown = set(getattr(args, algo)) - {f.name for f in dataclasses.fields(module.Args)} - set(SHARED + PER_STAGE)

@@ -60,8 +60,7 @@ class Args:
     quant: str = "8,4"
     """comma list of round-to-nearest weight bit widths, per output channel ('' for none)"""
     forget_task: str = "auto"
-    """held-out task for forgetting ('auto': toy?min_target=100,max_target=729 for toy, toy4?min_target=10,
-    max_target=99 for toy4; '' for none)"""
+    """held-out task for forgetting ('auto': the unseen family of toy or toy4, FORGET below; '' for none)"""
     forget_data: str = ""
     """local data file for --forget-task"""
     lm_sequences: int = 2048
@@ -264,6 +263,13 @@ def run(args):
     task = verify.get_task(args.task, args.data or None)
     forget_name = FORGET.get(args.task.split("?")[0], "") if args.forget_task == "auto" else args.forget_task
     forget = verify.get_task(forget_name, args.forget_data or None) if forget_name else None
+    family = args.task.split("?")[0]
+    saved = os.path.join(passk.resolve_model(args.base), "toy_args.json")
+    if family in FORGET and os.path.exists(saved):  # an embedded model knows its task: models/toy is not toy4's base
+        built_for = json.load(open(saved)).get("task", "toy")
+        if built_for != family:
+            raise verify.UsageError(f"--base {args.base} was pretrained on {built_for}, not {family}: pass the "
+                                    f"{family} model (models/{family}) as --base")
     passk.check_writable(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)

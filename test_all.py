@@ -334,7 +334,8 @@ def test_toy_distribution_is_pinned():
 
 
 def test_usage_errors(tmp_path):
-    with pytest.raises(verify.UsageError, match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy, toy4, rg:NAME\\)"):
+    with pytest.raises(verify.UsageError,
+                       match="unknown task 'x' \\(choose from: countdown, gsm8k, math, toy, toy4, rg:NAME\\)"):
         verify.get_task('x')
     assert len(verify.get_task('gsm8k').examples('all', 1000, 0)) == 100  # the bundled files are the defaults
     assert len(verify.get_task('math').examples('all', 1000, 0)) == 500
@@ -666,7 +667,8 @@ def _eval_tokens(tokens):
     def expr(min_prec):
         nonlocal pos
         v = atom()
-        while pos < len(tokens) and tokens[pos] in ("+", "-", "*") and {"+": 1, "-": 1, "*": 2}[tokens[pos]] >= min_prec:
+        while (pos < len(tokens) and tokens[pos] in ("+", "-", "*")
+               and {"+": 1, "-": 1, "*": 2}[tokens[pos]] >= min_prec):
             op = tokens[pos]
             pos += 1
             w = expr({"+": 1, "-": 1, "*": 2}[op] + 1)
@@ -736,14 +738,32 @@ def test_toy4_model_lands_in_the_headroom_bands():
     model, tok = passk.load_model(TOY4)
     task = verify.get_task("toy4")
     held_out = task.examples("test", 100, seed=1234)
-    assert not {(tuple(e["numbers"]), e["target"]) for e in held_out} & {
-        (tuple(e["numbers"]), e["target"]) for e in task.examples("train", 2000, seed=1)}
     summary, _ = passk.evaluate(model, tok, task, held_out, n=64, temperature=1.0, batch_size=1024,
                                 seed=passk.EVAL_SEED)
     assert 0.03 <= summary["pass@1"] <= 0.25, summary["pass@1"]
     assert 0.30 <= summary["pass@64"] <= 0.75, summary["pass@64"]
     saved = json.load(open(os.path.join(TOY4, "toy_args.json")))
     assert saved["task"] == "toy4" and saved["seed"] == 0
+
+
+def test_toy4_sequential_evaluates_val_and_bad_input_leaves_nothing(tmp_path):
+    """sequential.py passes --eval-split to every stage; a split the task lacks or a target range no tree reaches is
+    a one-line error before anything is written (a rerun is not blocked by a half-made run directory)."""
+    args = small_seq(tmp_path, "s", model=TOY4, task="toy4", eval_split="val", schedule="grpo:1,es:1")
+    sequential.main(args)
+    for stage in sorted(d for d in os.listdir(args.out) if d.startswith("stage-")):
+        config = json.loads(open(os.path.join(args.out, stage, "log.jsonl")).readline())
+        assert config["task"] == "toy4" and config["eval_split"] == "val", stage
+    for bad in (dict(task="toy", eval_split="val"), dict(task="toy4?min_target=6000,max_target=6500")):
+        with pytest.raises(SystemExit):
+            sequential.main(small_seq(tmp_path, "bad", schedule="es:1", **bad))
+        assert not os.path.exists(tmp_path / "bad"), bad
+
+
+def test_sparsity_refuses_a_base_pretrained_on_another_toy_task(tmp_path):
+    with pytest.raises(verify.UsageError, match="pretrained on toy, not toy4"):
+        sparsity.run(sparsity.Args(task="toy4", tuned=TOY4, out=str(tmp_path / "sp")))
+    assert not os.path.exists(tmp_path / "sp")
 
 
 def test_toy4_guess_rate_by_hand_and_under_one_percent():

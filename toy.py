@@ -10,10 +10,10 @@ number. The result has a low Pass@1 and a much higher Pass@k, and post-training 
 
     python toy.py                        # rebuilds models/toy (the committed default) deterministically
     python toy.py --out models/toy-l --hidden 192 --layers 6   # another size, e.g. for "larger model, smaller N"
-    python toy.py --task toy4 --steps 900 --threads 2          # rebuilds models/toy4: the headroom setting (toy4 task)
+    python toy.py --task toy4 --out models/toy4 --steps 900 --threads 2   # rebuilds models/toy4 (the headroom setting)
 
 This script stands alone (it does not import verify.py): it knows which expressions are correct because it builds
-them. It reproduces verify.py's `toy` problem distribution and train/test split exactly (test_all.py checks that),
+them. It reproduces verify.py's `toy` and `toy4` problem distributions and splits exactly (test_all.py checks that),
 and pretrains on train-split problems only, so held-out evaluation is on problems the model never saw.
 """
 import ast

@@ -852,13 +852,16 @@ class ReasoningGymTask(Task):
         return None if value is None else _canonical_number(value)
 
 
+DRAWS = 200_000  # draws of a toy problem before its target range is called unreachable
+
+
 # ---- The toy task (toy.py reproduces this distribution and split; test_all.py checks that) -------------------------
 def toy_problem(rng: random.Random, min_target: int = 0, max_target: int = 99) -> dict:
     """Draw one toy problem. Exactly, in this order: numbers = [rng.randint(1, 9) for 3]; a, b, c =
     rng.sample(numbers, 3); o1 = rng.choice('+-*'); o2 = rng.choice('+-*'); left = rng.random() < 0.5 gives
     ((a o1 b) o2 c), else (a o1 (b o2 c)); the whole draw repeats unless min_target <= target <= max_target
     (0..99: the distribution toy.py pretrains on)."""
-    while True:
+    for _ in range(DRAWS):  # a range no tree reaches would loop forever
         numbers = [rng.randint(1, 9) for _ in range(3)]
         a, b, c = rng.sample(numbers, 3)
         o1, o2 = rng.choice('+-*'), rng.choice('+-*')
@@ -866,6 +869,7 @@ def toy_problem(rng: random.Random, min_target: int = 0, max_target: int = 99) -
         target = int(_tree_value(tree))
         if min_target <= target <= max_target:
             return {'numbers': numbers, 'target': target}
+    raise UsageError(f'no toy problem has a target in {min_target}..{max_target} ({DRAWS:,} draws)')
 
 
 def toy_split(numbers, target) -> str:
@@ -933,7 +937,7 @@ def toy4_problem(rng: random.Random, min_target: int = 100, max_target: int = 99
     """Draw one toy4 problem. Exactly, in this order: numbers = [rng.randint(1, 9) for 4]; items =
     rng.sample(numbers, 4); while more than one item: i = rng.randrange(len(items) - 1), items[i:i+2] =
     [(rng.choice('+-*'), items[i], items[i+1])]; the whole draw repeats unless min_target <= value <= max_target."""
-    while True:
+    for _ in range(DRAWS):  # a range no tree reaches would loop forever
         numbers = [rng.randint(1, 9) for _ in range(4)]
         items = rng.sample(numbers, 4)
         while len(items) > 1:
@@ -942,6 +946,7 @@ def toy4_problem(rng: random.Random, min_target: int = 100, max_target: int = 99
         target = int(_tree_value(items[0]))
         if min_target <= target <= max_target:
             return {'numbers': numbers, 'target': target}
+    raise UsageError(f'no toy4 problem has a target in {min_target}..{max_target} ({DRAWS:,} draws)')
 
 
 def toy4_split(numbers, target) -> str:
