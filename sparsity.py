@@ -261,15 +261,16 @@ def run(args):
     sparsities = parse_numbers(args.prune, "--prune", 0, 100) if args.prune else []
     bits = parse_numbers(args.quant, "--quant", 2, 16, int) if args.quant else []
     task = verify.get_task(args.task, args.data or None)
-    forget_name = FORGET.get(args.task.split("?")[0], "") if args.forget_task == "auto" else args.forget_task
+    embedded = args.task.split("?")[0]  # toy or toy4: one of this project's own models, else None
+    embedded = embedded if embedded in FORGET else None
+    forget_name = FORGET.get(embedded, "") if args.forget_task == "auto" else args.forget_task
     forget = verify.get_task(forget_name, args.forget_data or None) if forget_name else None
-    family = args.task.split("?")[0]
     saved = os.path.join(passk.resolve_model(args.base), "toy_args.json")
-    if family in FORGET and os.path.exists(saved):  # an embedded model knows its task: models/toy is not toy4's base
+    if embedded and os.path.exists(saved):  # an embedded model knows its task: models/toy is not toy4's base
         built_for = json.load(open(saved)).get("task", "toy")
-        if built_for != family:
-            raise verify.UsageError(f"--base {args.base} was pretrained on {built_for}, not {family}: pass the "
-                                    f"{family} model (models/{family}) as --base")
+        if built_for != embedded:
+            raise verify.UsageError(f"--base {args.base} was pretrained on {built_for}, not {embedded}: pass the "
+                                    f"{embedded} model (models/{embedded}) as --base")
     passk.check_writable(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -298,8 +299,7 @@ def run(args):
     jobs = [("eval", "base", None), ("eval", "tuned", None)]
     jobs += [("keep", mode, q) for mode in modes for q in keep]
     jobs += [("compress", f"prune-{s:g}%", s) for s in sparsities] + [("compress", f"int{b}", b) for b in bits]
-    jobs += [("forgetting", None, None)] if forget is not None or (args.task.split("?")[0] in FORGET
-                                                                     and args.lm_sequences) else []
+    jobs += [("forgetting", None, None)] if forget is not None or (embedded and args.lm_sequences) else []
     from tqdm import tqdm
     bar = tqdm(jobs, desc="sparsity", unit="eval", file=sys.stderr)
     for kind, name, value in bar:
@@ -321,7 +321,7 @@ def run(args):
                 rec = {"kind": "forgetting", "model": which}
                 if forget is not None:
                     rec.update(task=forget_name, **{f"forget_{k}": v for k, v in evaluate(w, forget, family).items()})
-                if args.task.split("?")[0] in FORGET and args.lm_sequences:
+                if embedded and args.lm_sequences:
                     with torch.no_grad():
                         for k, p in params.items():
                             p.copy_(w[k].to(p.device))

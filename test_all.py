@@ -616,7 +616,7 @@ def test_toy4_targets_in_range_and_solvable_by_the_generators_tree():
             for ex in task.examples(split, 40, seed=11):
                 assert len(ex["numbers"]) == 4 and all(1 <= n <= 9 for n in ex["numbers"])
                 assert isinstance(ex["target"], int) and lo <= ex["target"] <= hi, (name, ex)
-                assert any(v == ex["target"] for v in toy.all_expressions4(ex["numbers"]).values()), ex
+                assert any(v == ex["target"] for v in toy.all_expressions(ex["numbers"]).values()), ex
     rng = random.Random(0)
     for i in range(200):  # toy.py's draw: its tree makes the target, and every verifier agrees
         nums, t, tree = toy.draw_problem4(rng)
@@ -625,7 +625,7 @@ def test_toy4_targets_in_range_and_solvable_by_the_generators_tree():
         assert sorted(nums) == sorted(_tree_leaves(tree)) and verify.check_expression(text, nums, t) == (True, True)
         assert verify.get_task("toy4").reward(text + "\n", {"numbers": nums, "target": t}) == 1.0
         if i < 5:  # + - * solutions are among toy_solutions' (+ - * /) ones, printed alike
-            mine = {e for e, v in toy.all_expressions4(nums).items() if v == t}
+            mine = {e for e, v in toy.all_expressions(nums).items() if v == t}
             assert text in mine and mine <= set(verify.toy_solutions(nums, t))
 
 

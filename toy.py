@@ -67,7 +67,7 @@ class Args:
     """torch CPU threads (0: torch's default); in [0, inf)"""
 
 
-# ---- the toy task (must match verify.py: `toy` task, toy_split) -------------------------------------------------
+# ---- expressions (both tasks): a tree is `int | (op, left, right)` ----------------------------------------------
 OPS = "+-*"
 PREC = {"+": 1, "-": 1, "*": 2}
 
@@ -76,27 +76,45 @@ def apply(op, x, y):
     return x + y if op == "+" else x - y if op == "-" else x * y
 
 
-def show(a, o1, b, o2, c, left):
-    """Print ((a o1 b) o2 c) if left else (a o1 (b o2 c)), with only the parentheses that matter."""
-    if left:  # inner (a o1 b) is the left operand of o2
-        inner = f"{a}{o1}{b}"
-        return (f"({inner})" if PREC[o1] < PREC[o2] else inner) + f"{o2}{c}"
-    inner = f"{b}{o2}{c}"  # inner (b o2 c) is the right operand of o1
-    need = PREC[o2] < PREC[o1] or (PREC[o2] == PREC[o1] and o1 == "-")
-    return f"{a}{o1}" + (f"({inner})" if need else inner)
+def tree_value(tree):
+    if isinstance(tree, int):
+        return tree
+    op, left, right = tree
+    return apply(op, tree_value(left), tree_value(right))
 
 
+def show_tree(tree):
+    """A tree `int | (op, left, right)` with only the parentheses that change its value."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, left, right = tree
+    text_l, text_r = show_tree(left), show_tree(right)
+    if not isinstance(left, int) and PREC[left[0]] < PREC[op]:
+        text_l = f"({text_l})"
+    if not isinstance(right, int) and (PREC[right[0]] < PREC[op] or (PREC[right[0]] == PREC[op] and op == "-")):
+        text_r = f"({text_r})"
+    return f"{text_l}{op}{text_r}"
+
+
+def all_trees(leaves):
+    if len(leaves) == 1:
+        yield leaves[0]
+        return
+    for cut in range(1, len(leaves)):
+        for left in all_trees(leaves[:cut]):
+            for right in all_trees(leaves[cut:]):
+                for op in OPS:
+                    yield op, left, right
+
+
+def all_expressions(nums):
+    """Every (string, value) over the numbers (three for toy, four for toy4): permutations x shapes x operators."""
+    return {show_tree(t): tree_value(t) for order in set(itertools.permutations(nums)) for t in all_trees(list(order))}
+
+
+# ---- the toy task (must match verify.py: `toy` task, toy_split) -------------------------------------------------
 def value(a, o1, b, o2, c, left):
     return apply(o2, apply(o1, a, b), c) if left else apply(o1, a, apply(o2, b, c))
-
-
-def all_expressions(numbers):
-    """Every (string, value) over the three numbers: permutations x ops x both tree shapes."""
-    out = {}
-    for a, b, c in set(itertools.permutations(numbers)):
-        for o1, o2, left in itertools.product(OPS, OPS, (True, False)):
-            out[show(a, o1, b, o2, c, left)] = value(a, o1, b, o2, c, left)
-    return out
 
 
 def toy_split(numbers, target):
@@ -126,26 +144,6 @@ def toy_examples(split, n, seed):
 TOY4_TARGETS = (100, 999)
 
 
-def tree_value(tree):
-    if isinstance(tree, int):
-        return tree
-    op, left, right = tree
-    return apply(op, tree_value(left), tree_value(right))
-
-
-def show_tree(tree):
-    """A tree `int | (op, left, right)` with only the parentheses that change its value."""
-    if isinstance(tree, int):
-        return str(tree)
-    op, left, right = tree
-    text_l, text_r = show_tree(left), show_tree(right)
-    if not isinstance(left, int) and PREC[left[0]] < PREC[op]:
-        text_l = f"({text_l})"
-    if not isinstance(right, int) and (PREC[right[0]] < PREC[op] or (PREC[right[0]] == PREC[op] and op == "-")):
-        text_r = f"({text_r})"
-    return f"{text_l}{op}{text_r}"
-
-
 def random_tree(rng, nums):
     """Join two neighbours of a shuffled list with a random operator until one tree is left."""
     items = rng.sample(nums, len(nums))
@@ -169,22 +167,6 @@ def toy4_split(numbers, target):
     key = (" ".join(map(str, numbers)) + f":{target}").encode()
     h = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 10
     return "test" if h < 2 else "val" if h == 2 else "train"
-
-
-def all_trees(leaves):
-    if len(leaves) == 1:
-        yield leaves[0]
-        return
-    for cut in range(1, len(leaves)):
-        for left in all_trees(leaves[:cut]):
-            for right in all_trees(leaves[cut:]):
-                for op in OPS:
-                    yield op, left, right
-
-
-def all_expressions4(nums):
-    """Every (string, value) over the four numbers: permutations x shapes x operators."""
-    return {show_tree(t): tree_value(t) for order in set(itertools.permutations(nums)) for t in all_trees(list(order))}
 
 
 def task_examples(task, split, n, seed):
@@ -275,7 +257,7 @@ def quick_eval(model, tok, args, k=16):
     p1, pk = [], []
     for ex in probs:
         nums, t = ex["numbers"], ex["target"]
-        good = {e for e, v in (all_expressions if args.task == "toy" else all_expressions4)(nums).items() if v == t}
+        good = {e for e, v in all_expressions(nums).items() if v == t}
         enc = tok([prompt_text(nums, t)] * k, return_tensors="pt")
         out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=16,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

@@ -883,12 +883,14 @@ def toy_solutions(numbers, target) -> list[str]:
     goal = to_fraction(target)
     if goal is None:
         return []
-    found = set()
-    for order in set(itertools.permutations(numbers)):
-        for tree in _trees(list(order), '+-*/'):
-            if _tree_value(tree) == goal:
-                found.add(_show(tree))
-    return sorted(found)
+    return sorted(text for text, value in _expressions(numbers, '+-*/').items() if value == goal)
+
+
+def _expressions(numbers, ops) -> dict:
+    """{text: exact value} of every binary expression using each number once (minimal parentheses; value None on
+    division by zero): distinct trees can print alike, and the text is what a model writes."""
+    return {_show(tree): _tree_value(tree) for order in set(itertools.permutations(numbers))
+            for tree in _trees(list(order), ops)}
 
 
 class ToyTask(Task):
@@ -896,13 +898,13 @@ class ToyTask(Task):
     model was pretrained and is post-trained on 0..99 only, so 100..729 is a problem family it never saw."""
     name, format_bonus = 'toy', 0.1
     options = {'min_target': 0, 'max_target': 99}
-    largest = '729 (9*9*9)'  # the largest target the numbers reach
+    largest = 9 ** 3  # the largest target its numbers reach
     draw, split_of = staticmethod(toy_problem), staticmethod(toy_split)
 
     def __init__(self, data: str | None = None, **options):
         super().__init__(None)  # procedural only; a data file has no meaning here
         lo, hi = (options.get(k, self.options[k]) for k in ('min_target', 'max_target'))
-        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= int(self.largest.split()[0])):
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= self.largest):
             raise UsageError(f'{self.name} needs integer targets 0 <= min_target <= max_target <= {self.largest}; '
                              f'got {lo}..{hi}')
         self.min_target, self.max_target = lo, hi
@@ -916,8 +918,7 @@ class ToyTask(Task):
         return out
 
     def prompt(self, example, tokenizer=None):
-        a, b, c = example['numbers']
-        return f"{a} {b} {c}:{example['target']}="
+        return ' '.join(map(str, example['numbers'])) + f":{example['target']}="
 
     @staticmethod
     def _expression(completion) -> str:
@@ -958,11 +959,8 @@ def toy4_split(numbers, target) -> str:
 def toy4_guess_rate(numbers, target) -> float:
     """The chance that a uniform draw among the well-formed answers (distinct expressions using each number once,
     + - *, minimal parentheses) is correct: the share of problems a blind guesser solves per sample."""
-    values = {}
-    for order in set(itertools.permutations(numbers)):
-        for tree in _trees(list(order), '+-*'):
-            values[_show(tree)] = _tree_value(tree)
-    return sum(v == target for v in values.values()) / len(values)
+    values = _expressions(numbers, '+-*').values()
+    return sum(v == target for v in values) / len(values)
 
 
 class Toy4Task(ToyTask):
@@ -973,11 +971,8 @@ class Toy4Task(ToyTask):
     name = 'toy4'
     options = {'min_target': 100, 'max_target': 999}
     splits = ('train', 'val', 'test')
-    largest = '6561 (9**4)'
+    largest = 9 ** 4
     draw, split_of = staticmethod(toy4_problem), staticmethod(toy4_split)
-
-    def prompt(self, example, tokenizer=None):
-        return ' '.join(map(str, example['numbers'])) + f":{example['target']}="
 
 
 TASKS = {'countdown': CountdownTask, 'gsm8k': Gsm8kTask, 'math': MathTask, 'toy': ToyTask, 'toy4': Toy4Task}
