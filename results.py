@@ -1,24 +1,41 @@
-"""results.py: every claim of the paper, measured on the embedded model, with a verdict; writes RESULTS.md and plots.
+"""results.py: every claim of the paper, measured on an embedded model with headroom, with a verdict; writes RESULTS.md,
+results/summary.json and the plots.
 
 Ba et al. (arXiv 2608.27351) claim that ES, unlike GRPO, raises Pass@1 and Pass@K; that the verifier-projected JS
 diversity of the ES population explains it; that GRPO then ES combines the two; that ES's large drift hides a sparse
-functional change without forgetting; and that larger models need smaller populations. This script runs, at equal
-budgets of sampled generations and over several seeds, everything those claims need, through the project's own
-scripts (sequential.py runs every schedule, sparsity.py the weight analysis, passk.py every evaluation), and writes
-RESULTS.md: for each claim what was measured, the verdict (holds / does not hold / within noise / not testable here),
-the tables and the plots (PNGs in --figures). Every number in RESULTS.md is computed by this run.
+functional change without forgetting; and that larger models need smaller populations. This script measures each
+claim through the project's own scripts (sequential.py runs every schedule, sparsity.py the weight analysis, passk.py
+every evaluation), in the order of RESULTS.md, one function per section:
 
-    python results.py              # under 60 minutes on 2 CPU cores; resumable: finished runs are reused
+    0. tune             a grid per method (the same number of trials), scored on the val split by a fixed rule
+    1. claim_passk      base, GRPO, ES, GRPO->ES, ES->GRPO at equal updates and at equal generations, over seeds
+    2. claim_diversity  JS diversity of the ES population against the Pass@K gain, across every ES run
+    3. claim_sequential the schedules against GRPO, and the switch-point sweep
+    4. claim_sparsity   drift, keep-curves, forgetting, compression: ES against GRPO at a matched pass@1 gain
+    5. claim_population population size against model size, until the choice is not at the grid's edge
+    6. question_cost    generations and seconds to a matched quality; memory of one step
+    7. question_temperature  does sampling hotter recover coverage from each model
+    8. question_llm     the SmolLM2 runs of docs/llm.md, when their logs exist
+
+Every section returns plain data; `collect` puts it in summary.json and `render` writes RESULTS.md and the plots from
+summary.json alone (`--render` does only that, from a fresh clone).
+
+    python results.py              # 90 minutes on 2 CPU cores (two processes); resumable: finished runs are reused
+    python results.py --render     # RESULTS.md and results/*.png again from results/summary.json, no runs
     python results.py --quick      # the same pipeline, tiny (a test runs it); writes to --out, not RESULTS.md
 
-Verdict rules (fixed in advance, applied to the numbers): a difference is "within noise" when the 95% interval of its
-mean over seeds (t distribution) contains 0; with one seed, the paired bootstrap over problems is used instead.
+Verdict rule (fixed before the runs): the difference of the means over seeds (paired by seed where both arms are
+trained) with the half-width of its 95% t interval; "holds" when the interval lies on the claimed side of 0, "does not
+hold" when it lies on the other side, "within noise" when it contains 0. The half-width is printed beside every
+verdict: it is the smallest difference the run could have detected. Tuning rule: the final val pass@1 of a trial, ties
+(equal to 3 decimals) broken by val pass@16, then by grid order.
 """
 import dataclasses
 import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -33,9 +50,14 @@ import sequential
 import sparsity
 import verify
 
-TOY = passk.DEFAULT_MODEL
-SCHEDULES = ("grpo", "es", "grpo-es", "es-grpo")  # with the base model, the paper's five arms
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+HERE = os.path.dirname(os.path.abspath(__file__))
+ARMS = ("grpo", "es", "grpo-es", "es-grpo")  # with the base model, the paper's five arms
+BUDGETS = ("equal-updates", "equal-generations")
+LABEL = {"base": "base", "grpo": "GRPO", "es": "ES", "grpo-es": "GRPO->ES", "es-grpo": "ES->GRPO"}
+SIZE_FIELDS = ("es_population", "es_prompts", "grpo_prompts", "grpo_group", "val_problems")  # in every run's name
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
+       12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09, 20: 2.09, 25: 2.06, 30: 2.04}
+MARGIN = 0.02  # "keeps pass@1": not lower by more than this (fixed before the runs; the evaluation resolves it)
 
 
 @dataclass
@@ -43,635 +65,1036 @@ class Args:
     out: str = "runs/results"
     """working directory: every run, evaluation and cached model (reused when the script is run again)"""
     doc: str = "RESULTS.md"
-    """the report to write"""
+    """the report to write; summary.json goes in --figures beside it"""
     figures: str = "results"
-    """folder for the report's PNG plots (relative to the report)"""
+    """folder for summary.json and the report's PNG plots (relative to the report)"""
     quick: bool = False
     """the whole pipeline at toy sizes, to test it (the figures mean nothing); writes OUT/RESULTS.md"""
-    seeds: str = "0,1,2"
-    """comma list of training seeds for every headline comparison"""
-    budget: int = 76800
-    """sampled generations per training run (20 ES iterations of es.py's defaults, 300 GRPO steps); in [1, inf)"""
+    render: bool = False
+    """write RESULTS.md and the plots from the figures folder's summary.json only: no runs"""
+    task: str = "toy4"
+    """the headline task (headroom: the base model's held-out pass@64 is 0.73); it needs a val split"""
+    model: str = os.path.join(HERE, "models", "toy4")
+    """the headline base model (relative to the repository, or a hub id)"""
+    seeds: str = "0,1,2,3,4"
+    """comma list of training seeds of every headline arm, at both budgets"""
+    sweep_seeds: str = "0,1,2"
+    """comma list of training seeds of the switch-point sweep and of every population-size cell"""
+    updates: int = 60
+    """U: ES iterations = GRPO steps at the equal-updates budget; the equal-generations budget is U ES iterations'
+    generations; in [2, inf)"""
+    es_population: int = 16
+    """N, ES members per iteration (every ES run but the population study); in [2, inf)"""
+    es_prompts: int = 32
+    """training prompts per ES iteration, scored greedily by every member; in [1, inf)"""
+    grpo_prompts: int = 8
+    """prompts per GRPO step; in [1, inf)"""
+    grpo_group: int = 8
+    """completions per prompt (GRPO's group); in [2, inf)"""
+    es_sigmas: str = "0.02,0.04,0.08"
+    """ES tuning grid: perturbation scales sigma"""
+    es_alphas: str = "0.004,0.008,0.02"
+    """ES tuning grid: step sizes alpha"""
+    grpo_lrs: str = "3e-5,1e-4,3e-4"
+    """GRPO tuning grid: learning rates (tuned again for each budget: the steps differ)"""
+    grpo_betas: str = "0,0.01,0.04"
+    """GRPO tuning grid: KL coefficients beta"""
+    val_problems: int = 100
+    """val problems of every in-training evaluation (n = 16): the tuning scores and the validation curves"""
     eval_problems: int = 200
-    """held-out problems of every evaluation; in [1, inf)"""
+    """held-out test problems of every final evaluation; in [1, inf)"""
     eval_n: int = 64
     """samples per problem of the final evaluations (Pass@1..Pass@eval_n, maj@k); in [16, inf)"""
+    switches: str = "0.25,0.75"
+    """switch points of the GRPO->ES sweep at equal generations (share of the budget spent on GRPO; 0, 0.5 and 1 are
+    the headline ES, GRPO->ES and GRPO runs)"""
     temperatures: str = "0.6,1.0,1.3"
     """comma list of sampling temperatures for the inference-time diversity study"""
-    sizes: str = "64x2,96x3,160x4"
-    """comma list of HIDDENxLAYERS: embedded-model sizes for population against model size (built by toy.py)"""
-    size_steps: int = 800
-    """toy.py pretraining steps for those sizes (batch 128; all sizes alike); in [1, inf)"""
+    sizes: str = "64x2,96x3,128x4"
+    """comma list of HIDDENxLAYERS: model sizes for population against model size (toy.py builds those that are not
+    --model)"""
+    size_steps: int = 900
+    """toy.py pretraining steps (batch 256) for those sizes, as for models/toy4; in [1, inf)"""
     populations: str = "4,8,16,32"
-    """comma list of ES population sizes N for population against model size"""
-    pop_iterations: int = 30
+    """comma list of ES population sizes N for population against model size (extended by doubling at the edge)"""
+    max_population: int = 64
+    """the largest N the population grid may extend to; in [2, inf)"""
+    pop_iterations: int = 20
     """ES iterations of each population-size run; in [1, inf)"""
-    sparsity_iterations: int = 100
-    """ES iterations of the model sparsity.py analyses (es.py's default: the headline budget's gain is too small to
-    divide); the GRPO model analysed is the seed-0 headline run; in [1, inf)"""
+    lr_divisors: str = "10,100"
+    """GRPO learning rates below the tuned one for the sparsity comparison (tuned lr / each)"""
     llm_runs: str = "runs"
     """folder holding smollm2-grpo/ and smollm2-es/ (docs/llm.md's SmolLM2 commands); reported when present"""
+    workers: int = 2
+    """processes sharing the runs through lock files (this one and workers - 1 helpers it starts; a helper, 0, makes
+    runs and writes no report); in [0, inf)"""
     threads: int = 0
-    """torch CPU threads (0: torch's default); in [0, inf)"""
+    """torch CPU threads per process (0: the cores / workers); in [0, inf)"""
 
 
 # ---- small statistics ------------------------------------------------------------------------------------------------
 def interval(values):
-    """(mean, half-width of the 95% interval over seeds), half-width None with one value."""
+    """(mean, half-width of the 95% t interval), the half-width None with fewer than two values."""
     v = np.asarray(values, dtype=float)
     if len(v) < 2:
         return float(v.mean()), None
-    return float(v.mean()), T95.get(len(v) - 1, 1.96) * float(v.std(ddof=1)) / math.sqrt(len(v))
+    t = T95[min((d for d in T95 if d >= len(v) - 1), default=30)]  # the next tabled df down is conservative
+    return float(v.mean()), t * float(v.std(ddof=1)) / math.sqrt(len(v))
 
 
-def bootstrap(deltas, draws=4000, seed=0):
-    """95% interval of the mean of per-problem differences (paired bootstrap)."""
-    d = np.asarray(deltas, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(draws, len(d)))].mean(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
-def diff_verdict(diffs, per_problem=None):
-    """'higher' / 'lower' / 'within noise' for a list of per-seed differences (or per-problem when one seed)."""
+def verdict(claim, diffs, direction=1, margin=0.0):
+    """{claim, verdict, difference, half_width, seeds} for 'direction * difference > -margin' (direction +1 / -1;
+    margin > 0: a non-inferiority claim, 'not lower by more than margin')."""
     m, h = interval(diffs)
-    if h is None and per_problem is not None:
-        lo, hi = bootstrap(per_problem)
-    elif h is None:
-        return "within noise", m, None
+    if h is None:
+        word = "not testable here (one seed)"
     else:
-        lo, hi = m - h, m + h
-    return ("higher" if lo > 0 else "lower" if hi < 0 else "within noise"), m, (lo, hi)
+        lo, hi = sorted((direction * (m - h) + margin, direction * (m + h) + margin))
+        word = "holds" if lo > 0 else "does not hold" if hi < 0 else "within noise"
+    return {"claim": claim, "verdict": word, "difference": m, "half_width": h, "seeds": len(diffs)}
+
+
+def rank_correlation(x, y):
+    """(Spearman rho, half-width of its 95% Fisher interval), None when it cannot be computed."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 4 or x.std() == 0 or y.std() == 0:
+        return None, None
+    def rank(v):  # average ranks: ties share theirs
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):
+            r[v == value] = r[v == value].mean()
+        return r
+    rho = float(np.corrcoef(rank(x), rank(y))[0, 1])
+    z, h = math.atanh(max(min(rho, 0.999999), -0.999999)), 1.96 / math.sqrt(len(x) - 3)
+    return rho, (math.tanh(z + h) - math.tanh(z - h)) / 2
+
+
+def best_trial(trials):
+    """The tuning rule: the highest final val pass@1 (3 decimals), then pass@16, then the first in grid order."""
+    key = lambda t: (round(t["score"]["pass@1"], 3), round(t["score"]["pass@16"], 3))  # noqa: E731
+    best = max(key(t) for t in trials)
+    return next(t for t in trials if key(t) == best)
 
 
 def fmt(m, h=None, digits=3):
-    return f"{m:.{digits}f}" + (f" ± {h:.{digits}f}" if h is not None else "")
+    return "-" if m is None else f"{m:.{digits}f}" + (f" ± {h:.{digits}f}" if h is not None else "")
 
 
-# ---- the pipeline ----------------------------------------------------------------------------------------------------
-class Results:
-    def __init__(self, args, given=None):
-        self.args, self.given = args, given or args  # given: the flags as typed (before --quick's sizes)
-        self.seeds = [int(s) for s in args.seeds.split(",")]
-        self.temps = [float(t) for t in args.temperatures.split(",")]
-        self.task = verify.get_task("toy")
-        self.held_out = self.task.examples("test", args.eval_problems, seed=1234)
-        self.figdir = os.path.join(os.path.dirname(os.path.abspath(args.doc)), args.figures)
-        self.es_cfg = dict(population=4, prompts=16) if args.quick else {}
-        self.grpo_cfg = dict(prompts=4, group=4) if args.quick else {}
-        a = es.Args(**self.es_cfg)
-        g = sequential.grpo.Args(**self.grpo_cfg)
-        self.per_it = {"es": a.population * a.prompts, "grpo": g.prompts * g.group}
-        self.t0 = time.time()
+def numbers(text):
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+# ---- the runs and evaluations, cached in OUT ------------------------------------------------------------------------
+class Runs:
+    """Every training run and evaluation the report needs, each made once: a run's folder is named by its full
+    configuration, so two sections asking for the same run share it, and a rerun (or a resume) reuses it."""
+
+    def __init__(self, args):
+        self.args, self.used = args, set()  # used: the cache entries this report reads
+        self.task = verify.get_task(args.task)
+        self.test = self.task.examples("test", args.eval_problems, seed=1234)
+        q = args.quick
+        self.es_cfg = dict(population=args.es_population, prompts=args.es_prompts, save_every=0)
+        self.grpo_cfg = dict(prompts=args.grpo_prompts, group=args.grpo_group, save_every=0)
+        self.per_it = {"es": args.es_population * args.es_prompts, "grpo": args.grpo_prompts * args.grpo_group}
+        self.sparsity_kw = (dict(eval_n=4, eval_problems=10, keep="0,10,100", prune="50", quant="4", lm_sequences=64)
+                            if q else dict(eval_n=16, eval_problems=args.eval_problems, keep="0,0.3,1,3,10,30,100",
+                                           modes="top,random", lm_sequences=512))
 
     def path(self, *parts):
-        """A path under OUT whose parent folder exists."""
         p = os.path.join(self.args.out, *parts)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         return p
 
-    def folder(self, *parts):
-        p = os.path.join(self.args.out, *parts)
-        os.makedirs(p, exist_ok=True)
-        return p
-
-    def cached(self, name, fn):
-        """fn() once; its JSON result is kept in OUT/cache so that a rerun (or a resume) reuses it."""
+    def cached(self, name, fn, wait=True):
+        """fn() once: its JSON result (and the seconds it took) is kept in OUT/cache/NAME.json. While one process
+        makes it, NAME.json.lock holds its pid: another process waits for it (wait=False: returns None at once), and
+        takes the lock over if that process is gone. So two `python results.py` share the work of one report."""
         path = self.path("cache", name + ".json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
-        value = fn()
-        with open(path + ".tmp", "w") as f:
-            json.dump(value, f)
-        os.replace(path + ".tmp", path)
-        return value
+        lock = path + ".lock"
+        self.used.add(name + ".json")
+        while not os.path.exists(path):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    os.kill(int(open(lock).read() or 0), 0)  # the owner is alive (pid 0: still being written)
+                except PermissionError:
+                    pass  # alive, another user's
+                except (ProcessLookupError, ValueError, FileNotFoundError):
+                    try:  # a killed run's lock: take it over (its run resumes from its checkpoint). The rename is
+                        os.rename(lock, f"{lock}.stale{os.getpid()}")  # atomic: one process wins, the other retries
+                        os.remove(f"{lock}.stale{os.getpid()}")
+                    except FileNotFoundError:
+                        pass
+                    continue
+                if not wait:
+                    return None
+                time.sleep(1)
+                continue
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            try:
+                t0 = time.time()
+                value = fn()
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"value": value, "seconds": time.time() - t0}, f)
+                os.replace(path + ".tmp", path)
+            finally:
+                if os.path.exists(lock):
+                    os.remove(lock)
+        with open(path) as f:
+            return json.load(f)["value"]
 
-    # 1. the five arms at equal budgets ------------------------------------------------------------------------------
-    def stages(self, name):
-        G, it = self.args.budget, self.per_it
-        if name in ("grpo", "es"):
-            return [(name, max(1, round(G / it[name])))]
-        first, second = name.split("-")
-        return [(first, max(1, round(G / 2 / it[first]))), (second, max(1, round(G / 2 / it[second])))]
+    def all(self, fn, items):
+        """[fn(item, wait=True) for item in items], after a first pass that makes what no other process is making."""
+        for item in items:
+            fn(item, wait=False)
+        return [fn(item, wait=True) for item in items]
 
-    def run_dir(self, name, seed):
-        return self.path("runs", f"{name}-s{seed}")
+    def compute_minutes(self):
+        """The recorded time of every run and evaluation behind this report (each measured when it was made)."""
+        folder = os.path.join(self.args.out, "cache")
+        total = 0.0
+        for name in sorted(self.used):
+            with open(os.path.join(folder, name)) as f:
+                total += json.load(f).get("seconds", 0.0)
+        return total / 60
 
-    def train_all(self):
-        es_every = max(1, self.stages("es")[0][1] // 4)
-        grpo_every = max(1, self.stages("grpo")[0][1] // 4)
-        for seed in self.seeds:
-            for name in SCHEDULES:
-                stages = self.stages(name)
-                print(f"[results] {name} seed {seed}: {sequential.schedule_text(stages)}", flush=True)
-                args = sequential.Args(schedule=sequential.schedule_text(stages), seed=seed, eval_n=16,
-                                       eval_problems=self.args.eval_problems, threads=self.args.threads,
-                                       out=self.run_dir(name, seed),
-                                       es={**self.es_cfg, "eval_every": es_every, "save_every": 0},
-                                       grpo={**self.grpo_cfg, "eval_every": grpo_every, "save_every": 0})
-                sequential.run_schedule(args, stages, args.out)
+    def schedule(self, stages, params, seed, model=None, population=None, eval_every=None, wait=True):
+        """Train stages [(algo, iterations)] from model with params {es: {...}, grpo: {...}}; returns (folder, log).
+        In-training evaluations: on val (n = 16, val_problems), about six times a stage or every eval_every updates.
+        population: an ES population other than --es-population (the population study). wait=False: None when
+        another process is making it."""
+        model = model or self.args.model
+        name = "-".join(f"{a}{n}" for a, n in stages) + "".join(
+            f"-{k}{v:g}" for a in ("es", "grpo") if any(s[0] == a for s in stages) for k, v in params[a].items())
+        name += ("" if population is None else f"-N{population}") + f"-seed{seed}" + "".join(
+            f"-{f.replace('_', '')}{getattr(self.args, f)}" for f in SIZE_FIELDS
+            if getattr(self.args, f) != getattr(Args, f))  # other per-iteration sizes than the defaults
+        name += "" if model == self.args.model else "-" + os.path.basename(model.rstrip("/"))
+        out = self.path("runs", name, "x")[:-2]
+        es_cfg = {**self.es_cfg, **({} if population is None else {"population": population})}
 
-    def log(self, name, seed):
-        return es.read_log(os.path.join(self.run_dir(name, seed), "log.jsonl"))
-
-    def final_eval(self, model_name, T, seed_label):
-        """Pass@k and maj@k (n = eval_n) of one model at temperature T, cached."""
         def go():
-            model, tok = passk.load_model(model_name)
-            summary, records = passk.evaluate(model, tok, self.task, self.held_out, n=self.args.eval_n,
-                                              temperature=T, batch_size=512, seed=passk.EVAL_SEED, maj=True)
+            every = {a: eval_every or max(1, n // 6) for a, n in stages}
+            a = sequential.Args(schedule=sequential.schedule_text(stages), model=model, task=self.args.task, seed=seed,
+                                eval_n=16, eval_split="val", eval_problems=self.args.val_problems,
+                                threads=self.args.threads, out=out,
+                                es={**es_cfg, **params.get("es", {}), "eval_every": every.get("es", 1)},
+                                grpo={**self.grpo_cfg, **params.get("grpo", {}), "eval_every": every.get("grpo", 1)})
+            print(f"[results] {name}", flush=True)
+            sequential.run_schedule(a, stages, out)
+            return {"done": True}
+        if self.cached("train-" + name, go, wait) is None:
+            return None
+        return out, es.read_log(os.path.join(out, "log.jsonl"))
+
+    def evaluate(self, model_dir, T=1.0, n=None, wait=True):
+        """Pass@k, maj@k and entropies of one model on the held-out test problems at temperature T (cached)."""
+        n = n or self.args.eval_n
+        name = os.path.relpath(model_dir, self.args.out).replace(os.sep, "_") if model_dir != self.args.model else \
+            "base"
+        name += "" if len(self.test) == Args.eval_problems else f"-p{len(self.test)}"
+
+        def go():
+            model, tok = passk.load_model(model_dir)
+            summary, records = passk.evaluate(model, tok, self.task, self.test, n=n, temperature=T, batch_size=512,
+                                              seed=passk.EVAL_SEED, maj=True)
             return {"summary": summary, "correct": [r["correct"] for r in records]}
-        return self.cached(f"eval-{seed_label}-T{T:g}", go)
+        r = self.cached(f"eval-{name}-n{n}-T{T:g}", go, wait)
+        return r and r["summary"]
 
-    def evaluate_all(self):
-        """T = 1 for every arm and seed; the other temperatures for base, GRPO, ES and GRPO->ES of the first seed."""
-        self.evals = {("base", s, 1.0): self.final_eval(TOY, 1.0, "base") for s in self.seeds}
-        for s in self.seeds:
-            for name in SCHEDULES:
-                self.evals[name, s, 1.0] = self.final_eval(self.run_dir(name, s), 1.0, f"{name}-s{s}")
-        s0 = self.seeds[0]
-        for T in self.temps:
-            self.evals["base", s0, T] = self.final_eval(TOY, T, "base")
-            for name in ("grpo", "es", "grpo-es"):
-                self.evals[name, s0, T] = self.final_eval(self.run_dir(name, s0), T, f"{name}-s{s0}")
 
-    # 3. functional sparsity and forgetting ---------------------------------------------------------------------------
-    def sparsity_all(self):
-        self.sparse = {}
-        s0, es_dir = self.seeds[0], self.path("runs", f"es-long-s{self.seeds[0]}")
-        stages = [("es", self.args.sparsity_iterations)]
-        print(f"[results] es-long seed {s0}: {sequential.schedule_text(stages)}", flush=True)
-        sequential.run_schedule(sequential.Args(schedule=sequential.schedule_text(stages), seed=s0, eval_n=16,
-                                                eval_problems=self.args.eval_problems, threads=self.args.threads,
-                                                out=es_dir, es={**self.es_cfg, "eval_every": 0, "save_every": 0}),
-                                stages, es_dir)
-        tuned = {"es": es_dir, "grpo": self.run_dir("grpo", s0)}
-        for name in ("es", "grpo"):
-            out = self.folder("sparsity", name)
-            done = os.path.join(out, "sparsity.jsonl")
-            if not os.path.exists(done):
-                kw = dict(eval_n=4, eval_problems=10, keep="0,10,100", prune="50", quant="4", lm_sequences=64) \
-                    if self.args.quick else dict(eval_n=16, eval_problems=self.args.eval_problems)
-                sparsity.run(sparsity.Args(base=TOY, tuned=tuned[name], out=out,
-                                           threads=self.args.threads, **kw))
-            self.sparse[name] = [json.loads(x) for x in open(done)]
+def evals(log):
+    return [r for r in log if r["type"] == "eval"]
 
-    # 4. population against model size --------------------------------------------------------------------------------
-    def size_model(self, spec):
-        hidden, layers = (int(x) for x in spec.split("x"))
-        path = os.path.join(self.folder("models"), f"toy-h{hidden}-l{layers}")
-        if not os.path.exists(os.path.join(path, "config.json")):
-            import toy
-            toy.main(toy.Args(out=path, hidden=hidden, layers=layers, intermediate=3 * hidden,
-                              heads=4 if hidden % 4 == 0 else 2, steps=self.args.size_steps, batch=128,
-                              eval_problems=0, threads=self.args.threads))
-        return path
 
-    def population_all(self):
-        self.pop = []
-        pops = [int(x) for x in self.args.populations.split(",")]
-        for spec in self.args.sizes.split(","):
-            model = self.size_model(spec)
-            for N in pops:
-                out = os.path.join(self.folder("popsize"), f"{spec}-N{N}")
-                if es.latest_checkpoint(out) is None:
-                    es.train(es.Args(model=model, population=N, iterations=self.args.pop_iterations, eval_every=0,
-                                     eval_n=16, eval_problems=self.args.eval_problems, save_every=0, out=out,
-                                     threads=self.args.threads, **{k: v for k, v in self.es_cfg.items()
-                                                                   if k != "population"}))
-                lines = es.read_log(os.path.join(out, "log.jsonl"))
-                ev = [r for r in lines if r["type"] == "eval"]
-                train = [r for r in lines if r["type"] == "train"]
-                params = next(r for r in lines if r["type"] == "config")["trained_params"]
-                self.pop.append({"size": spec, "params": params, "N": N, "base": ev[0]["pass@1"],
-                                 "final": ev[-1]["pass@1"], "gain": ev[-1]["pass@1"] - ev[0]["pass@1"],
-                                 "gain16": ev[-1]["pass@16"] - ev[0]["pass@16"],
-                                 "js": float(np.mean([r["js_diversity"] for r in train]))})
+def val_score(log):
+    last = evals(log)[-1]
+    return {"pass@1": last["pass@1"], "pass@16": last["pass@16"]}
 
-    # 5. memory of one ES iteration and one GRPO step (bench.py's worker, fresh processes) ---------------------------
-    def memory(self):
+
+def curve(log):
+    """[(updates so far, generations, training seconds, pass@1, pass@16, token entropy)] at each in-training eval."""
+    return [[r["step"], r["generations"], r["wall"], r["pass@1"], r["pass@16"], r["token_entropy"]] for r in evals(log)]
+
+
+# ---- 0. the budgets and the tuning -----------------------------------------------------------------------------------
+def budgets(runs):
+    """Iterations of each stage of each arm at each budget (GRPO->ES and ES->GRPO: half the budget each)."""
+    U, per = runs.args.updates, runs.per_it
+    G = U * per["es"]
+    rest = lambda es_its: (G - es_its * per["es"]) // per["grpo"]  # GRPO steps the ES iterations leave  # noqa: E731
+    out = {"equal-updates": {"grpo": [("grpo", U)], "es": [("es", U)],
+                             "grpo-es": [("grpo", U // 2), ("es", U - U // 2)],
+                             "es-grpo": [("es", U // 2), ("grpo", U - U // 2)]},
+           "equal-generations": {"grpo": [("grpo", rest(0))], "es": [("es", U)],
+                                 "grpo-es": [("grpo", rest(U - U // 2)), ("es", U - U // 2)],
+                                 "es-grpo": [("es", U // 2), ("grpo", rest(U // 2))]}}
+    return out, G
+
+
+def tune(runs):
+    """One grid per method, the same number of trials for each, every trial seed 0 scored on val by best_trial's
+    rule. ES has one grid (its runs are the same at both budgets); GRPO one per budget (its step counts differ)."""
+    a, (plan, _) = runs.args, budgets(runs)
+    es_grid = [{"sigma": s, "alpha": al} for s in numbers(a.es_sigmas) for al in numbers(a.es_alphas)]
+    grpo_grid = [{"lr": lr, "beta": b} for lr in numbers(a.grpo_lrs) for b in numbers(a.grpo_betas)]
+    jobs = [("es", "both", plan["equal-updates"]["es"], p) for p in es_grid] + [
+        ("grpo", b, plan[b]["grpo"], p) for b in BUDGETS for p in grpo_grid]
+    done = runs.all(lambda j, wait: runs.schedule(j[2], {j[0]: j[3]}, 0, wait=wait), jobs)
+    tuning = {"es": [], "grpo": []}
+    for (algo, budget, _, p), (_, log) in zip(jobs, done):
+        tuning[algo].append({"budget": budget, "params": p, "score": val_score(log)})
+    chosen_es = best_trial(tuning["es"])["params"]
+    chosen = {"es": {b: chosen_es for b in BUDGETS},
+              "grpo": {b: best_trial([t for t in tuning["grpo"] if t["budget"] == b])["params"] for b in BUDGETS}}
+    return {"tuning": tuning, "chosen": chosen, "trials": {"es": len(es_grid), "grpo": len(grpo_grid)}}
+
+
+def params_for(chosen, budget):
+    return {"es": chosen["es"][budget], "grpo": chosen["grpo"][budget]}
+
+
+# ---- 1. Pass@1 and Pass@K of the five arms at both budgets -----------------------------------------------------------
+def claim_passk(runs, chosen):
+    """Every arm, seed and budget: the final held-out evaluation (n = eval_n, T = 1) and the val curve."""
+    a, (plan, G) = runs.args, budgets(runs)
+    base = runs.evaluate(a.model)
+    arms, curves = [], {}
+    jobs = [(b, seed, name) for b in BUDGETS for seed in [int(s) for s in a.seeds.split(",")] for name in ARMS]
+    done = runs.all(lambda j, wait: runs.schedule(plan[j[0]][j[2]], params_for(chosen, j[0]), j[1], wait=wait), jobs)
+    scores = runs.all(lambda d, wait: runs.evaluate(d[0], wait=wait), done)
+    for (budget, seed, name), (folder, log), ev in zip(jobs, done, scores):
+        train = [r for r in log if r["type"] == "train"]
+        arms.append({"name": name, "budget": budget, "seed": seed,
+                     "es_iterations": sum(n for al, n in plan[budget][name] if al == "es"),
+                     "grpo_steps": sum(n for al, n in plan[budget][name] if al == "grpo"),
+                     "generations": train[-1]["generations"], "train_seconds": train[-1]["wall"],
+                     **{k: ev[k] for k in ev if k.startswith(("pass@", "maj@")) or k.endswith("entropy")}})
+        curves[f"{name}|{budget}|{seed}"] = curve(log)
+    K = a.eval_n
+    verdicts = []
+    for budget in BUDGETS:
+        def diffs(name, key, other=None):
+            mine = [r for r in arms if r["name"] == name and r["budget"] == budget]
+            if other is None:
+                return [r[key] - base[key] for r in mine]
+            theirs = {r["seed"]: r[key] for r in arms if r["name"] == other and r["budget"] == budget}
+            return [r[key] - theirs[r["seed"]] for r in mine]
+        verdicts += [verdict(f"ES raises pass@1 over the base ({budget})", diffs("es", "pass@1")),
+                     verdict(f"ES raises pass@{K} over the base ({budget})", diffs("es", f"pass@{K}")),
+                     verdict(f"GRPO raises pass@1 over the base ({budget})", diffs("grpo", "pass@1")),
+                     verdict(f"GRPO lowers pass@{K} below the base ({budget})", diffs("grpo", f"pass@{K}"), -1),
+                     verdict(f"GRPO lowers token entropy ({budget})", diffs("grpo", "token_entropy"), -1),
+                     verdict(f"ES beats GRPO at pass@{K} ({budget})", diffs("es", f"pass@{K}", "grpo"))]
+    return {"base": base, "arms": arms, "curves": curves, "verdicts": verdicts, "generations": G,
+            "plan": {b: {n: sequential.schedule_text(s) for n, s in plan[b].items()} for b in BUDGETS}}
+
+
+# ---- 2. the mechanism: JS diversity of the population against the Pass@K gain ---------------------------------------
+def claim_diversity(es_logs):
+    """Across every ES-only run (tuning, headline seeds, population cells): the mean JS diversity of the population
+    over training against the run's val pass@16 gain, Spearman rho with its Fisher interval."""
+    points = []
+    for key, log in es_logs.items():
+        train, ev = [r for r in log if r["type"] == "train"], evals(log)
+        if train and len(ev) >= 2:
+            points.append({"run": key, "js": float(np.mean([r["js_diversity"] for r in train])),
+                           "gain16": ev[-1]["pass@16"] - ev[0]["pass@16"]})
+    rho, h = rank_correlation([p["js"] for p in points], [p["gain16"] for p in points])
+    v = {"claim": "higher population JS diversity goes with a higher pass@16 gain (Spearman rho)", "difference": rho,
+         "half_width": h, "runs": len(points),
+         "verdict": "not testable here (too few runs or no spread)" if rho is None else
+         "holds" if rho - h > 0 else "does not hold" if rho + h < 0 else "within noise"}
+    return {"points": points, "rho": rho, "verdicts": [v]}
+
+
+# ---- 3. GRPO first, then ES; the switch-point sweep ------------------------------------------------------------------
+def claim_sequential(runs, chosen, passk_data):
+    a, (plan, G) = runs.args, budgets(runs)
+    K, arms = a.eval_n, passk_data["arms"]
+    verdicts = []
+    for budget in BUDGETS:
+        def paired(name, other, key):
+            theirs = {r["seed"]: r[key] for r in arms if r["name"] == other and r["budget"] == budget}
+            return [r[key] - theirs[r["seed"]] for r in arms if r["name"] == name and r["budget"] == budget]
+        verdicts += [verdict(f"GRPO->ES adds pass@{K} over GRPO ({budget})", paired("grpo-es", "grpo", f"pass@{K}")),
+                     verdict(f"GRPO->ES keeps GRPO's pass@1, within {MARGIN} ({budget})",
+                             paired("grpo-es", "grpo", "pass@1"), margin=MARGIN),
+                     verdict(f"GRPO->ES beats ES at pass@1 ({budget})", paired("grpo-es", "es", "pass@1"))]
+    # the sweep: share s of the equal-generations budget spent on GRPO first, the rest on ES
+    per, U = runs.per_it, a.updates
+    p = params_for(chosen, "equal-generations")
+    cells = []
+    for s in sorted({0.0, 0.5, 1.0} | set(numbers(a.switches))):
+        e_its = U - math.floor(s * U + 1e-9)  # s = 0.5: the headline GRPO->ES's U - U // 2
+        g_steps = (G - e_its * per["es"]) // per["grpo"]
+        stages = [st for st in (("grpo", g_steps), ("es", e_its)) if st[1] > 0]
+        seeds = [int(x) for x in (a.seeds if s in (0.0, 0.5, 1.0) else a.sweep_seeds).split(",")]
+        cells += [(s, stages, seed) for seed in seeds]
+    done = runs.all(lambda c, wait: runs.schedule(c[1], p, c[2], wait=wait), cells)
+    scores = runs.all(lambda d, wait: runs.evaluate(d[0], wait=wait), done)
+    sweep = []
+    for s in dict.fromkeys(c[0] for c in cells):
+        mine = [ev for c, ev in zip(cells, scores) if c[0] == s]
+        stages = next(c[1] for c in cells if c[0] == s)
+        sweep.append({"grpo_share": s, "schedule": sequential.schedule_text(stages), "seeds": len(mine),
+                      **{k: interval([ev[k] for ev in mine]) for k in {"pass@1": 0, "pass@16": 0, f"pass@{K}": 0}}})
+    return {"verdicts": verdicts, "sweep": sweep}
+
+
+# ---- 4. sparsity, forgetting and compression at a matched gain -------------------------------------------------------
+def matched_grpo(runs, lr, beta, target, max_steps, start, wait=True):
+    """GRPO at lr, continued in chunks until its held-out pass@1 (n = 16) gain reaches target - 0.01 or max_steps:
+    resuming is exact, so the final checkpoint is the first one at that gain. Returns (folder, steps, gain)."""
+    marks = sorted({m for m in (2, 4, 6, 8, 10, 14, 18, 24, 30, 40, 50, 65, 80, 100, 130, 160, 200, 250, 300, 380,
+                                480, 600, 800, 1000) if m < max_steps} | {max_steps})
+    out = runs.path("matched", f"grpo-lr{lr:g}-beta{beta:g}", "x")[:-2]
+
+    def go():
+        shutil.rmtree(out, ignore_errors=True)  # a killed search starts again (its chunks are cheap)
+        gain, steps = None, 0
+        for m in marks:  # eval_every = save_every = 0: each chunk evaluates and saves at its end, same flags
+            g = sequential.grpo.Args(model=runs.args.model, task=runs.args.task, iterations=m, lr=lr, beta=beta,
+                                     eval_every=0, eval_n=16, eval_split="test", eval_problems=runs.args.eval_problems,
+                                     threads=runs.args.threads, out=out, resume=out if steps else "",
+                                     **runs.grpo_cfg)
+            print(f"[results] matched-gain GRPO lr {lr:g}: to step {m}", flush=True)
+            sequential.grpo.train(g)
+            last = evals(es.read_log(os.path.join(out, "log.jsonl")))[-1]
+            gain, steps = last["pass@1"] - start, m
+            if gain >= target - 0.01:
+                break
+        return {"steps": steps, "gain": gain}
+    r = runs.cached(f"matched-grpo-lr{lr:g}", go, wait)
+    return r and (out, r["steps"], r["gain"])
+
+
+def claim_sparsity(runs, chosen):
+    """The ES model: the seed-0 equal-updates ES run. GRPO: the tuned lr (equal generations) and lr / each divisor,
+    each trained to the same held-out pass@1 gain (or to the equal-generations budget). sparsity.py on each."""
+    a, (plan, G) = runs.args, budgets(runs)
+    p = params_for(chosen, "equal-updates")
+    es_dir, _ = runs.schedule(plan["equal-updates"]["es"], p, 0)
+    base16, es16 = runs.evaluate(a.model, n=16), runs.evaluate(es_dir, n=16)
+    target = es16["pass@1"] - base16["pass@1"]
+    lr, beta = chosen["grpo"]["equal-generations"]["lr"], chosen["grpo"]["equal-generations"]["beta"]
+    models = {"es": {"folder": es_dir, "label": f"ES ({a.updates} iterations)", "steps": a.updates,
+                     "search_gain": target}}
+    lrs = [lr / d for d in [1.0] + numbers(a.lr_divisors)]
+    found = runs.all(lambda x, wait: matched_grpo(runs, x, beta, target, G // runs.per_it["grpo"], base16["pass@1"],
+                                                  wait), lrs)
+    for (folder, steps, gain), d in zip(found, [1.0] + numbers(a.lr_divisors)):
+        models[f"grpo-lr{lr / d:g}"] = {"folder": folder, "label": f"GRPO lr {lr / d:g} ({steps} steps)",
+                                        "steps": steps, "search_gain": gain, "lr": lr / d}
+    def analyse(key, wait):
+        folder = runs.path("sparsity", key, "x")[:-2]
+
         def go():
-            rec = {}
-            for job in ("es-full", "grpo"):
-                cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py"),
-                       "--worker", job, "--threads", str(self.args.threads)]
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-                rec[job] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
-            return rec
-        return self.cached("memory", go)
+            sparsity.run(sparsity.Args(base=a.model, tuned=models[key]["folder"], task=a.task, out=folder,
+                                       threads=a.threads, **runs.sparsity_kw))
+            return [json.loads(x) for x in open(os.path.join(folder, "sparsity.jsonl"))]
+        return runs.cached(f"sparsity-{key}", go, wait)
+    out = {}
+    for key, recs in zip(models, runs.all(analyse, list(models))):
+        m, folder = models[key], runs.path("sparsity", key, "x")[:-2]
+        ev = {r["model"]: r for r in recs if r["kind"] == "eval"}
+        fr = {r["model"]: r for r in recs if r["kind"] == "forgetting"}
+        big = max((k for k in fr["base"] if k.startswith("forget_pass@")), key=lambda k: int(k.split("@")[1]))
+        big_k = big.split("@")[1]
+        d = recs[0]["overall"]
+        out[key] = {**{k: v for k, v in m.items() if k != "folder"}, "folder": folder,
+                    "gain": ev["tuned"]["pass@1"] - ev["base"]["pass@1"], "relative_l2": d["relative_l2"],
+                    "max_abs_delta": d["max_abs_delta"], "above_0.0015": d["above_0.0015"],
+                    "above_0.0015_bf16": d["above_0.0015_bf16"], "changed_bf16": d["changed_bf16"],
+                    "keep_top": sparsity.first_q(recs, "top", "pass@1"),
+                    "keep_random": sparsity.first_q(recs, "random", "pass@1"),
+                    "lm_loss": [fr["base"]["lm_loss"], fr["tuned"]["lm_loss"]], "forget_k": big_k,
+                    "forget_pass@1": [fr["base"]["forget_pass@1"], fr["tuned"]["forget_pass@1"]],
+                    "forget_pass@k": [fr["base"][big], fr["tuned"][big]],
+                    "compress": [{"method": r["method"], "retained": r.get("retained_pass@1")}
+                                 for r in recs if r["kind"] == "compress" and r["model"] == "tuned"]}
+    e = out["es"]
+    pairs = []
+    for key in out:
+        if key != "es":
+            g = out[key]
+            pairs.append({"grpo": key, "ratio": e["relative_l2"] / max(g["relative_l2"], 1e-12),
+                          "gain_gap": e["gain"] - g["gain"], "matched": abs(e["gain"] - g["gain"]) <= 0.02})
+    sparse = e["gain"] >= 0.01 and e["keep_top"] is not None and e["keep_top"] <= 30 and (
+        e["keep_random"] is None or e["keep_top"] < e["keep_random"])
+    drift_far = all(p["ratio"] > 1 for p in pairs if p["matched"]) and any(p["matched"] for p in pairs)
+    forgot = e["forget_pass@k"][1] - e["forget_pass@k"][0]
+    verdicts = [{"claim": "ES drifts farther than GRPO at a matched gain (relative L2 ratio ES / GRPO, the "
+                          "smallest over matched pairs)",
+                 "verdict": "not testable here (no pair matched within 0.02)" if not any(p["matched"] for p in pairs)
+                 else "holds" if drift_far else "does not hold",
+                 "difference": min((p["ratio"] for p in pairs if p["matched"]), default=None), "half_width": None,
+                 "seeds": 1},
+                {"claim": "ES's gain lives in a sparse set of large updates (90% of it from the top 30% or less, "
+                          "fewer than random)", "verdict": "not testable here (gain under 0.01)" if e["gain"] < 0.01
+                 else "holds" if sparse else "does not hold", "difference": e["keep_top"], "half_width": None,
+                 "seeds": 1},
+                {"claim": f"no catastrophic forgetting under ES (unseen-family pass@{e['forget_k']} falls by 0.03 "
+                          "or less)", "verdict": "holds" if forgot >= -0.03 - 1e-9 else "does not hold",
+                 "difference": forgot, "half_width": None, "seeds": 1}]
+    return {"target": target, "models": out, "pairs": pairs, "verdicts": verdicts}
 
-    # ---- analysis ------------------------------------------------------------------------------------------------
-    def metric(self, name, k, T=1.0, kind="pass"):
-        return [self.evals[name, s, T]["summary"][f"{kind}@{k}"] for s in self.seeds]
 
-    def compare(self, name, other, k):
-        """Verdict of name - other at pass@k (T = 1), over seeds; per-problem bootstrap with one seed."""
-        diffs = [a - b for a, b in zip(self.metric(name, k), self.metric(other, k))]
-        per_problem = None
-        if len(self.seeds) == 1:
-            n = self.args.eval_n
-            a = [passk.pass_at_k(n, c, k) for c in self.evals[name, self.seeds[0], 1.0]["correct"]]
-            b = [passk.pass_at_k(n, c, k) for c in self.evals[other, self.seeds[0], 1.0]["correct"]]
-            per_problem = [x - y for x, y in zip(a, b)]
-        return diff_verdict(diffs, per_problem)
+# ---- 5. population size against model size ---------------------------------------------------------------------------
+def size_model(runs, spec):
+    """The base model of one size: --model itself when it has that shape, else built by toy.py (same recipe)."""
+    hidden, layers = (int(x) for x in spec.split("x"))
+    cfg_path = os.path.join(passk.resolve_model(runs.args.model), "config.json")
+    if os.path.exists(cfg_path):
+        cfg = json.load(open(cfg_path))
+        if (cfg["hidden_size"], cfg["num_hidden_layers"]) == (hidden, layers):
+            return runs.args.model
+    path = runs.path("models", f"{runs.args.task}-h{hidden}-l{layers}", "x")[:-2]
 
-    def curves(self, name, seed):
-        """(generations, seconds, pass@1, pass@16, token_entropy, answer_entropy, step) at each eval of a run."""
-        return [(r["generations"], r["wall"], r["pass@1"], r["pass@16"], r["token_entropy"], r["answer_entropy"],
-                 r["step"]) for r in self.log(name, seed) if r["type"] == "eval"]
+    def go():
+        import toy
+        if os.path.exists(os.path.join(path, "config.json")):
+            return path  # built before its cache entry was written (a killed run, or by hand with the same recipe)
+        toy.main(toy.Args(task=runs.args.task, out=path, hidden=hidden, layers=layers, intermediate=3 * hidden,
+                          heads=4 if hidden % 4 == 0 else 2, steps=runs.args.size_steps, batch=256, eval_problems=0,
+                          threads=runs.args.threads))
+        return path
+    return runs.cached(f"model-{os.path.basename(path)}", go)
 
-    def matched_cost(self):
-        """For pass@1 and pass@16: the highest level both ES and GRPO reach after their start (mean over seeds of
-        the per-seed curves), and the generations and seconds each first needs for it."""
-        out = {}
-        for k in ("pass@1", "pass@16"):
-            col = 2 if k == "pass@1" else 3
-            base = self.curves("es", self.seeds[0])[0][col]
-            best = {a: np.mean([max(p[col] for p in self.curves(a, s)[1:]) for s in self.seeds]) for a in
-                    ("es", "grpo")}
-            target = min(best.values())
-            rec = {"target": target, "base": base}
-            for a in ("es", "grpo"):
-                firsts = []
-                for s in self.seeds:
-                    hit = next((p for p in self.curves(a, s)[1:] if p[col] >= target), None)
-                    firsts.append(hit)
-                rec[a] = None if any(h is None for h in firsts) else (float(np.mean([h[0] for h in firsts])),
-                                                                      float(np.mean([h[1] for h in firsts])))
-                rec[f"{a}_best"] = float(best[a])
-            rec["gain_exists"] = target > base + 1e-9
-            out[k] = rec
-        return out
 
-    # ---- figures ---------------------------------------------------------------------------------------------------
-    def figures(self):
-        os.makedirs(self.figdir, exist_ok=True)
-        plt = passk.pyplot("results.py's figures")
-        ks = passk.default_ks(self.args.eval_n)
-        names = ["base"] + list(SCHEDULES)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name in names:
-            m = [interval(self.metric(name, k)) for k in ks]
-            ax.errorbar(ks, [x[0] for x in m], yerr=[x[1] or 0 for x in m], marker="o", capsize=2,
-                        label={"grpo-es": "GRPO->ES", "es-grpo": "ES->GRPO"}.get(name, name.upper()
-                                                                               if name != "base" else "base"))
+def claim_population(runs, chosen):
+    """ES at each size and N (tuned sigma and alpha, sweep seeds), val pass@1 gain over pop_iterations; the grid
+    doubles N at a size while its choice (the smallest N with 90% of the best mean gain) is the largest tried."""
+    a = runs.args
+    seeds = [int(s) for s in a.sweep_seeds.split(",")]
+    p = {"es": chosen["es"]["equal-updates"]}
+    cells, logs, choice = [], {}, {}
+    for spec in a.sizes.split(","):
+        model = size_model(runs, spec)
+        pops = [int(x) for x in a.populations.split(",")]
+        while True:
+            todo = [(N, seed) for N in pops if not any(c["size"] == spec and c["N"] == N for c in cells)
+                    for seed in seeds]
+            done = runs.all(lambda j, wait: runs.schedule([("es", a.pop_iterations)], p, j[1], model=model,
+                                                          population=j[0], eval_every=a.pop_iterations, wait=wait),
+                            todo)
+            for N in dict.fromkeys(j[0] for j in todo):
+                gains = []
+                for j, (folder, log) in zip(todo, done):
+                    if j[0] != N:
+                        continue
+                    ev = evals(log)
+                    gains.append(ev[-1]["pass@1"] - ev[0]["pass@1"])
+                    logs[os.path.basename(folder)] = log
+                stage = es.read_log(os.path.join(folder, "stage-1-es", "log.jsonl"))
+                params = next(r for r in stage if r["type"] == "config")["trained_params"]
+                cells.append({"size": spec, "params": params, "N": N, "gain": interval(gains),
+                              "base": ev[0]["pass@1"]})
+            mine = sorted((c for c in cells if c["size"] == spec), key=lambda c: c["N"])
+            best = max(c["gain"][0] for c in mine)
+            n90 = next((c["N"] for c in mine if best > 0 and c["gain"][0] >= 0.9 * best), None)
+            if n90 == max(pops) and 2 * max(pops) <= a.max_population:
+                pops.append(2 * max(pops))
+                continue
+            if n90 == min(pops) and min(pops) // 2 >= 2:
+                pops.append(min(pops) // 2)
+                continue
+            choice[spec] = {"N": n90, "edge": n90 in (max(pops), min(pops)), "best": best,
+                            "params": mine[0]["params"]}
+            break
+    specs = list(choice)
+    clear = all(choice[s]["best"] > 0.01 for s in specs)
+    ns = [choice[s]["N"] for s in specs]
+    falls = all(x is not None and y is not None and y <= x for x, y in zip(ns, ns[1:])) and ns[0] != ns[-1]
+    hw = [c["gain"][1] for c in cells if c["gain"][1] is not None]
+    v = {"claim": "a larger model needs a smaller population (the smallest N with 90% of the best gain falls with "
+                  "size)", "verdict": "not testable here (best gains under 0.01)" if not clear else
+         "holds" if falls else "does not hold", "difference": None,
+         "half_width": float(np.median(hw)) if hw else None, "seeds": len(seeds)}
+    return {"cells": cells, "choice": choice, "verdicts": [v]}, logs
+
+
+# ---- 6. cost at matched quality, memory --------------------------------------------------------------------------------
+def question_cost(runs, passk_data):
+    """From the equal-generations val curves averaged over seeds (every seed evaluates at the same updates): the
+    highest pass@1 (and pass@16) both ES and GRPO reach, and the generations and training seconds each first needs
+    for it."""
+    seeds = [int(s) for s in runs.args.seeds.split(",")]
+    mean = {n: np.mean([passk_data["curves"][f"{n}|equal-generations|{s}"] for s in seeds], axis=0).tolist()
+            for n in ("es", "grpo")}  # [evals, (updates, generations, seconds, pass@1, pass@16, token entropy)]
+    out = {}
+    for k, col in (("pass@1", 3), ("pass@16", 4)):
+        start = mean["es"][0][col]
+        best = {n: max(p[col] for p in mean[n][1:]) for n in mean}
+        target = min(best.values())
+        rec = {"target": target, "start": start, "best": best, "gain_exists": target > start + 1e-9}
+        for n in mean:
+            hit = next(p for p in mean[n][1:] if p[col] >= target)
+            rec[n] = [hit[1], hit[2]]
+        out[k] = rec
+
+    def mem():
+        rec = {}
+        for job in ("es-full", "grpo"):
+            cmd = [sys.executable, os.path.join(HERE, "bench.py"), "--worker", job, "--threads", str(runs.args.threads)]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            rec[job] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+        return rec
+    return {"matched": out, "memory": runs.cached("memory", mem)}
+
+
+# ---- 7. sampling temperature ------------------------------------------------------------------------------------------
+def question_temperature(runs, chosen):
+    a, (plan, _) = runs.args, budgets(runs)
+    p = params_for(chosen, "equal-generations")
+    jobs = [(name, a.model if name == "base" else runs.schedule(plan["equal-generations"][name], p, 0)[0], T)
+            for name in ("base", "grpo", "es", "grpo-es") for T in numbers(a.temperatures)]
+    done = runs.all(lambda j, wait: runs.evaluate(j[1], T=j[2], wait=wait), jobs)
+    return {"rows": [{"name": j[0], "T": j[2], **{k: sm[k] for k in sm if k.startswith(("pass@", "maj@"))}}
+                     for j, sm in zip(jobs, done)]}
+
+
+# ---- 8. the SmolLM2 runs of docs/llm.md --------------------------------------------------------------------------------
+def question_llm(folder):
+    rows = []
+    for n in ("grpo", "es"):
+        recs = es.read_log(os.path.join(folder, f"smollm2-{n}", "log.jsonl"))
+        ev, train = evals(recs), [r for r in recs if r.get("type") == "train"]
+        if len(ev) < 2 or not train or ev[0]["iteration"] != 0:
+            continue  # not run (or not finished): nothing to report
+        K = max(int(k[5:]) for k in ev[0] if k.startswith("pass@"))
+        rows.append({"name": n, "task": recs[0]["task"], "iterations": ev[-1]["iteration"], "K": K,
+                     "generations": train[-1]["generations"], "minutes": train[-1]["wall"] / 60,
+                     **{k: [ev[0][k], ev[-1][k]] for k in ("pass@1", f"pass@{K}", "token_entropy", "answer_entropy")}})
+    return {"rows": rows}
+
+
+# ---- the whole run -----------------------------------------------------------------------------------------------------
+def collect(args, typed):
+    """Every section's data, in RESULTS.md's order, as one JSON-able dict (summary.json)."""
+    runs = Runs(args)
+    t = tune(runs)
+    chosen = t["chosen"]
+    model = os.path.relpath(args.model, HERE) if os.path.exists(args.model) else args.model
+    s = {"task": args.task, "model": model,
+         "eval": {"problems": len(runs.test), "n": args.eval_n, "split": "test", "seed": passk.EVAL_SEED,
+                  "temperature": 1.0},
+         "val": {"problems": args.val_problems, "n": 16, "split": "val"},
+         "sizes": {"es": {"population": args.es_population, "prompts": args.es_prompts,
+                          "generations_per_iteration": runs.per_it["es"]},
+                   "grpo": {"prompts": args.grpo_prompts, "group": args.grpo_group,
+                            "generations_per_step": runs.per_it["grpo"]}, "updates": args.updates},
+         "guess_rate": float(np.mean([verify.toy4_guess_rate(e["numbers"], e["target"]) for e in runs.test]))
+         if args.task.split("?")[0] == "toy4" else None,
+         **t}
+    pk = claim_passk(runs, chosen)
+    s.update(base=pk["base"], arms=pk["arms"], curves=pk["curves"], plan=pk["plan"], generations=pk["generations"],
+             passk={"verdicts": pk["verdicts"]})
+    s["sequential"] = claim_sequential(runs, chosen, pk)
+    s["sparsity"] = claim_sparsity(runs, chosen)
+    s["population"], pop_logs = claim_population(runs, chosen)
+    s["cost"] = question_cost(runs, pk)
+    es_plan = budgets(runs)[0]["equal-updates"]["es"]
+    es_runs = [runs.schedule(es_plan, {"es": tr["params"]}, 0) for tr in s["tuning"]["es"]] + [
+        runs.schedule(es_plan, params_for(chosen, "equal-updates"), int(seed)) for seed in args.seeds.split(",")]
+    es_logs = {**{os.path.basename(folder): log for folder, log in es_runs}, **pop_logs}  # by folder: each run once
+    s["diversity"] = claim_diversity(es_logs)
+    s["temperature"] = question_temperature(runs, chosen)
+    s["llm"] = question_llm(args.llm_runs)
+    s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population")
+                     for v in s[sec]["verdicts"]]
+    s["compute_minutes"] = runs.compute_minutes()
+    s["flags"] = flags_text(typed)
+    s["machine"] = f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, " + (
+        "no GPU" if not torch.cuda.is_available() else f"GPU {torch.cuda.get_device_name(0)} (unused: CPU runs)")
+    s["date"] = time.strftime("%Y-%m-%d")
+    return s
+
+
+def flags_text(args):
+    """The command-line flags this report was made with (those that differ from the defaults)."""
+    given = [f for f in dataclasses.fields(Args) if getattr(args, f.name) != f.default and f.name != "workers"]
+    return "".join(f" --{f.name.replace('_', '-')}" + ("" if isinstance(f.default, bool) else
+                                                       f" {getattr(args, f.name)}") for f in given)
+
+
+# ---- the report, from summary.json alone -------------------------------------------------------------------------------
+def mean_of(s, name, budget, key):
+    if name == "base":
+        return s["base"][key], None
+    return interval([r[key] for r in s["arms"] if r["name"] == name and r["budget"] == budget])
+
+
+def vline(v):
+    hw = "" if v["half_width"] is None else f" ± {v['half_width']:.3f}"
+    d = "" if v["difference"] is None else f", difference {v['difference']:+.3f}{hw}"
+    n = f"{v['runs']} runs" if "runs" in v else f"{v['seeds']} seed" + "s" * (v["seeds"] != 1)
+    return f"- **{v['claim']}: {v['verdict']}**{d} ({n})."
+
+
+def plots(s, figdir):
+    plt = passk.pyplot("results.py's figures")
+    os.makedirs(figdir, exist_ok=True)
+    K = s["eval"]["n"]
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= K]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, budget in zip(axes, BUDGETS):
+        for name in ("base",) + ARMS:
+            m = [mean_of(s, name, budget, f"pass@{k}") for k in ks]
+            ax.errorbar(ks, [x[0] for x in m], yerr=[x[1] or 0 for x in m], marker="o", capsize=2, label=LABEL[name])
+        ax.set_xscale("log", base=2)
+        ax.set_title(budget, fontsize=9)
+        ax.set_xlabel("k")
+        ax.set_ylabel(f"held-out pass@k (T = 1, n = {K})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "passk.png"), dpi=100)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, budget, x in ((axes[0], "equal-updates", 0), (axes[1], "equal-generations", 1),
+                          (axes[2], "equal-generations", 2)):
+        for i, name in enumerate(ARMS):
+            cs = [c for key, c in s["curves"].items() if key.startswith(f"{name}|{budget}|")]
+            n = min(len(c) for c in cs)
+            ax.plot([np.mean([c[j][x] for c in cs]) for j in range(n)],
+                    [np.mean([c[j][3] for c in cs]) for j in range(n)], marker="o", color=f"C{i}", label=LABEL[name])
+        ax.set_xlabel(("updates (ES iterations or GRPO steps)", "sampled generations", "training seconds")[x])
+        ax.set_ylabel("val pass@1 (n = 16), mean over seeds")
+        ax.set_title(budget, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "curves.png"), dpi=100)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, name in enumerate(ARMS):
+        cs = [c for key, c in s["curves"].items() if key.startswith(f"{name}|equal-generations|")]
+        n = min(len(c) for c in cs)
+        axes[0].plot([np.mean([c[j][1] for c in cs]) for j in range(n)],
+                     [np.mean([c[j][5] for c in cs]) for j in range(n)], marker="o", color=f"C{i}", label=LABEL[name])
+    pts = s["diversity"]["points"]
+    axes[1].scatter([p["js"] for p in pts], [p["gain16"] for p in pts], s=12)
+    axes[0].set_xlabel("sampled generations")
+    axes[0].set_ylabel("val token entropy (nats)")
+    axes[1].set_xlabel("mean JS diversity of the ES population (bits)")
+    axes[1].set_ylabel("val pass@16 gain of the run")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "entropy.png"), dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sw = s["sequential"]["sweep"]
+    for j, k in enumerate(f"pass@{k}" for k in sorted({1, 16, K})):
+        ax.errorbar([r["grpo_share"] for r in sw], [r[k][0] for r in sw], yerr=[r[k][1] or 0 for r in sw],
+                    marker="o", capsize=2, label=k, color=f"C{j}")
+    ax.set_xlabel("share of the equal-generations budget spent on GRPO first (then ES)")
+    ax.set_ylabel("held-out")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "switch.png"), dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cells = s["population"]["cells"]
+    for spec in s["population"]["choice"]:
+        rs = sorted((c for c in cells if c["size"] == spec), key=lambda c: c["N"])
+        ax.errorbar([r["N"] for r in rs], [r["gain"][0] for r in rs], yerr=[r["gain"][1] or 0 for r in rs],
+                    marker="o", capsize=2, label=f"{spec} ({rs[0]['params'] / 1e6:.2f}M)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("population N")
+    ax.set_ylabel("val pass@1 gain, mean over seeds")
+    ax.axhline(0, color="gray", linestyle=":")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "popsize.png"), dpi=100)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    temps = sorted({r["T"] for r in s["temperature"]["rows"]})
+    for i, name in enumerate(("base", "grpo", "es", "grpo-es")):
+        for j, T in enumerate(temps):
+            r = next(x for x in s["temperature"]["rows"] if x["name"] == name and x["T"] == T)
+            kw = dict(color=f"C{i}", alpha=0.4 + 0.6 * (j + 1) / len(temps), marker="o", label=f"{name} T={T:g}")
+            axes[0].plot(ks, [r[f"pass@{k}"] for k in ks], **kw)
+            axes[1].plot(ks, [r[f"maj@{k}"] for k in ks], **kw)
+    for ax, t in zip(axes, ("pass@k", "maj@k (majority vote)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("k")
-        ax.set_ylabel(f"held-out pass@k (T = 1, n = {self.args.eval_n})")
+        ax.set_title(t, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.figdir, "passk.png"), dpi=100)
-        plt.close(fig)
+    axes[1].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(figdir, "temperature.png"), dpi=100)
+    plt.close(fig)
+    for key, m in s["sparsity"]["models"].items():
+        for png in ("keep.png", "compress.png"):
+            src = os.path.join(m["folder"], png)
+            if os.path.exists(src):
+                shutil.copy(src, os.path.join(figdir, f"sparsity-{key}-{png}"))
 
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        for name, style in (("grpo", "-"), ("es", "--")):
-            for s in self.seeds:
-                c = self.curves(name, s)
-                lab = name.upper() if s == self.seeds[0] else None
-                axes[0].plot([p[0] for p in c], [p[4] for p in c], style, marker="o", label=lab)
-                axes[1].plot([p[0] for p in c], [p[5] for p in c], style, marker="o", label=lab)
-        s0 = self.seeds[0]
-        train = [r for r in self.log("es", s0) if r["type"] == "train"]
-        axes[2].plot([r["iteration"] for r in train], [r["js_diversity"] for r in train], label="JS diversity (bits)")
-        axes[2].plot([r["iteration"] for r in train], [r["coverage"] for r in train], label="coverage")
-        for ax, title in zip(axes, ("token entropy (nats), held-out", "answer entropy (bits), held-out",
-                                    f"ES population, seed {s0}")):
-            ax.set_title(title, fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        axes[0].set_xlabel("generations")
-        axes[1].set_xlabel("generations")
-        axes[2].set_xlabel("ES iteration")
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.figdir, "entropy.png"), dpi=100)
-        plt.close(fig)
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        for name in ("grpo", "es"):
-            for s in self.seeds:
-                c = self.curves(name, s)
-                lab = name.upper() if s == self.seeds[0] else None
-                axes[0].plot([max(p[0], 1) for p in c], [p[2] for p in c], marker="o", label=lab,
-                             color="C0" if name == "grpo" else "C1")
-                axes[1].plot([p[1] for p in c], [p[2] for p in c], marker="o", label=lab,
-                             color="C0" if name == "grpo" else "C1")
-        axes[0].set_xscale("log")
-        axes[0].set_xlabel("sampled generations")
-        axes[1].set_xlabel("training seconds (this machine)")
-        for ax in axes:
-            ax.set_ylabel("held-out pass@1")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.figdir, "cost.png"), dpi=100)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for spec in dict.fromkeys(r["size"] for r in self.pop):
-            rs = [r for r in self.pop if r["size"] == spec]
-            ax.plot([r["N"] for r in rs], [r["gain"] for r in rs], marker="o",
-                    label=f"{spec} ({rs[0]['params'] / 1e6:.2f}M)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("population N")
-        ax.set_ylabel(f"held-out pass@1 gain after {self.args.pop_iterations} iterations")
-        ax.axhline(0, color="gray", linestyle=":")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.figdir, "popsize.png"), dpi=100)
-        plt.close(fig)
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        for i, name in enumerate(("base", "grpo", "es", "grpo-es")):
-            for j, T in enumerate(self.temps):
-                summ = self.evals[name, s0, T]["summary"]
-                kw = dict(color=f"C{i}", alpha=0.4 + 0.6 * (j + 1) / len(self.temps))
-                axes[0].plot(ks, [summ[f"pass@{k}"] for k in ks], marker="o", label=f"{name} T={T:g}", **kw)
-                axes[1].plot(ks, [summ[f"maj@{k}"] for k in ks], marker="o", label=f"{name} T={T:g}", **kw)
-        for ax, t in zip(axes, ("pass@k", "maj@k (majority vote)")):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("k")
-            ax.set_title(t, fontsize=9)
-            ax.grid(alpha=0.3)
-        axes[1].legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.figdir, "temperature.png"), dpi=100)
-        plt.close(fig)
-        import shutil
-        for name in ("es", "grpo"):
-            for png in ("keep.png", "delta_hist.png", "compress.png"):
-                src = os.path.join(self.args.out, "sparsity", name, png)
-                if os.path.exists(src):
-                    shutil.copy(src, os.path.join(self.figdir, f"sparsity-{name}-{png}"))
-
-    # ---- the report -------------------------------------------------------------------------------------------------
-    def llm_section(self):
-        """Section 8, from docs/llm.md's SmolLM2 runs (LLM_RUNS/smollm2-grpo, smollm2-es) where they exist."""
-        runs = {n: es.read_log(os.path.join(self.args.llm_runs, f"smollm2-{n}", "log.jsonl")) for n in ("grpo", "es")}
-        rows = []
-        for n, recs in runs.items():
-            evals = [r for r in recs if r.get("type") == "eval"]
-            train = [r for r in recs if r.get("type") == "train"]
-            if len(evals) < 2 or not train or evals[0]["iteration"] != 0:
-                continue  # not run (or not finished): nothing to report
-            cfg, b, f = recs[0], evals[0], evals[-1]
-            K = max(int(k[5:]) for k in b if k.startswith("pass@"))
-            rows.append(f"| {n.upper()} | {cfg['task']} | {f['iteration']} | {train[-1]['generations']:,} | "
-                        f"{train[-1]['wall'] / 60:.1f} | {b['pass@1']:.3f} -> {f['pass@1']:.3f} | "
-                        f"{b[f'pass@{K}']:.3f} -> {f[f'pass@{K}']:.3f} | {b['token_entropy']:.3f} -> "
-                        f"{f['token_entropy']:.3f} | {b['answer_entropy']:.2f} -> {f['answer_entropy']:.2f} |")
-        if not rows:
-            return []
-        return ["## 8. A real LLM: SmolLM2-135M-Instruct, offline (one seed)", "",
-                "The runs of the SmolLM2 commands in `docs/llm.md` (`--model smollm2-135m`, bf16, 32 new tokens; "
-                f"held-out evaluation at T = 1 with n = {K} samples per problem), read from `{self.args.llm_runs}`.", "",
-                f"| | task | iterations | generations | wall (min) | pass@1 | pass@{K} | token entropy | "
-                "answer entropy |", "|---|---|---|---|---|---|---|---|---|"] + rows + [
-                "", "One seed and a short run on 2 CPU cores: a direction, not a verdict.", ""]
-
-    def flags(self):
-        """The command-line flags this report was made with (those that differ from the defaults)."""
-        given = [f for f in dataclasses.fields(Args) if getattr(self.given, f.name) != f.default]
-        return "".join(f" --{f.name.replace('_', '-')}" + ("" if f.type is bool or isinstance(f.default, bool) else
-                                                            f" {getattr(self.given, f.name)}") for f in given)
-
-    def report(self):
-        a, s0, K = self.args, self.seeds[0], self.args.eval_n
-        ks = sorted({k for k in (1, 16, K) if k <= K})
-        label = {"base": "base", "grpo": "GRPO", "es": "ES", "grpo-es": "GRPO->ES", "es-grpo": "ES->GRPO"}
-        fig = lambda f: f"![{f}]({a.figures}/{f})"  # noqa: E731
-        L = [f"# RESULTS: the paper's claims, measured", "",
-             f"Generated by `python results.py{self.flags()}` on {time.strftime('%Y-%m-%d')}, "
-             f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, no GPU; "
-             f"{(time.time() - self.t0) / 60:.0f} minutes for the work this invocation did (cached runs are reused). "
-             f"Every number below comes from that run; the raw runs are under `{a.out}`.", "",
-             "Setting: the embedded model (`models/toy`, 0.86M parameters, Qwen2 architecture), the `toy` task "
-             f"(compact Countdown), {a.eval_problems} held-out problems never seen in pre- or post-training. "
-             f"Each arm gets the same budget of {a.budget:,} sampled generations "
-             f"(ES: {self.stages('es')[0][1]} iterations of N = {es.Args(**self.es_cfg).population} members x "
-             f"{es.Args(**self.es_cfg).prompts} greedy prompts; GRPO: {self.stages('grpo')[0][1]} steps of "
-             f"{self.per_it['grpo']} completions; the schedules half and half), seeds {a.seeds}. Final evaluations: "
-             f"n = {K} samples per problem at T = 1 with passk.py's seed (the same random numbers for every model).",
-             ""]
-        # claim 1
-        L += ["## 1. ES raises Pass@1 and Pass@K; GRPO raises Pass@1 and lowers Pass@K", "",
-              "| | " + " | ".join(f"pass@{k}" for k in ks) + " | token entropy | answer entropy |",
-              "|---|" + "---|" * (len(ks) + 2)]
-        for name in ["base"] + list(SCHEDULES):
-            row = [fmt(*interval(self.metric(name, k))) for k in ks]
-            te = interval([self.evals[name, s, 1.0]["summary"]["token_entropy"] for s in self.seeds])
-            ae = interval([self.evals[name, s, 1.0]["summary"]["answer_entropy"] for s in self.seeds])
-            L.append(f"| {label[name]} | " + " | ".join(row) + f" | {fmt(*te)} | {fmt(*ae, digits=2)} |")
-        L += ["", "Mean over seeds ± the half-width of the 95% interval. " + fig("passk.png"), ""]
-        verdicts = {}
-        for name in SCHEDULES:
-            for k in ks:
-                verdicts[name, k] = self.compare(name, "base", k)
-        L.append("Against the base model (difference of the means, 95% interval):")
+def render(s, doc, figures):
+    """RESULTS.md from the summary (every number in it comes from summary.json)."""
+    K, fig = s["eval"]["n"], (lambda f: f"![{f}]({figures}/{f})")
+    ks = sorted({1, 16, K})
+    L = ["# RESULTS: the paper's claims, measured", "",
+         f"Generated by `python results.py{s['flags']}` on {s['date']}, {s['machine']}; {s['compute_minutes']:.0f} "
+         "minutes of compute in the runs and evaluations behind it (each timed when it was made; cached ones are "
+         f"reused). Every number below is in [{figures}/summary.json]({figures}/summary.json).", "",
+         f"**Setting.** Task `{s['task']}`" + (" (four numbers 1..9, `+ - *`, a target in 100..999; the split of "
+                                              "every problem fixed by a hash)" if s["task"] == "toy4" else "")
+         + f", base model `{s['model']}`. Final evaluations: {s['eval']['problems']} held-out "
+         f"test problems never seen in pre- or post-training, n = {K} samples each at T = 1, passk.py's seed (the same "
+         f"random numbers for every model). Validation: {s['val']['problems']} val problems, n = 16. The base model: "
+         f"pass@1 {s['base']['pass@1']:.3f}, pass@16 {s['base']['pass@16']:.3f}, pass@{K} "
+         f"{s['base'][f'pass@{K}']:.3f}" + ("" if s["guess_rate"] is None else
+                                             f"; a blind guess among well-formed answers solves "
+                                             f"{100 * s['guess_rate']:.2f}% of problems per sample") + ".", "",
+         f"**Budgets.** ES: N = {s['sizes']['es']['population']} members x {s['sizes']['es']['prompts']} greedy "
+         f"prompts = {s['sizes']['es']['generations_per_iteration']} generations per iteration; GRPO: "
+         f"{s['sizes']['grpo']['prompts']} prompts x {s['sizes']['grpo']['group']} = "
+         f"{s['sizes']['grpo']['generations_per_step']} per step. Equal updates: ES iterations = GRPO steps = "
+         f"{s['sizes']['updates']} (how the paper compares). Equal generations: {s['generations']:,} each (the cost "
+         "view). Schedules: " + "; ".join(f"{b}: " + ", ".join(f"{LABEL[n]} `{t}`" for n, t in s["plan"][b].items())
+                                          for b in BUDGETS) + ". Every arm runs its whole budget; its val curve is "
+         "plotted below, so it shows whether it was still rising.", ""]
+    # tuning
+    L += ["## 0. Tuning, on the val split", "",
+          f"Each method gets the same number of trials ({s['trials']['es']} per budget), seed 0, scored by a rule "
+          "fixed before the runs: the final val pass@1, ties (3 decimals) broken by val pass@16. ES's trials are "
+          "the same runs at both budgets (ES iterations are equal in both); GRPO is tuned again for each.", "",
+          "| method | budget | params | val pass@1 | val pass@16 | chosen |", "|---|---|---|---|---|---|"]
+    for m in ("es", "grpo"):
+        for t in s["tuning"][m]:
+            b = "equal-updates" if t["budget"] == "both" else t["budget"]
+            ch = "yes" if t["params"] == s["chosen"][m][b] else ""
+            L.append(f"| {m.upper()} | {t['budget']} | " + ", ".join(f"{k} {v:g}" for k, v in t["params"].items())
+                     + f" | {t['score']['pass@1']:.3f} | {t['score']['pass@16']:.3f} | {ch} |")
+    L += ["", "Chosen: ES " + ", ".join(f"{k} {v:g}" for k, v in s["chosen"]["es"]["equal-updates"].items())
+          + "; GRPO " + "; ".join(f"{b}: " + ", ".join(f"{k} {v:g}" for k, v in s["chosen"]["grpo"][b].items())
+                                  for b in BUDGETS) + ".", ""]
+    # claim 1
+    seeds = len({r["seed"] for r in s["arms"]})
+    L += ["## 1. ES raises Pass@1 and Pass@K; GRPO raises Pass@1 and lowers Pass@K", "",
+          f"Mean over {seeds} seeds ± the half-width of the 95% interval (held-out test, T = 1, n = {K}).", "",
+          "| budget | arm | " + " | ".join(f"pass@{k}" for k in ks) + " | token entropy |",
+          "|---|---|" + "---|" * (len(ks) + 1)]
+    for b in BUDGETS:
+        for name in ("base",) + ARMS:
+            L.append(f"| {b} | {LABEL[name]} | " + " | ".join(fmt(*mean_of(s, name, b, f"pass@{k}")) for k in ks)
+                     + f" | {fmt(*mean_of(s, name, b, 'token_entropy'))} |")
+    L += ["", fig("passk.png"), "", "Validation curves (mean over seeds):", "", fig("curves.png"), ""]
+    L += [vline(v) for v in s["passk"]["verdicts"]] + [""]
+    # claim 2
+    d = s["diversity"]
+    L += ["## 2. The mechanism: entropy over training, and the JS diversity of the ES population", "",
+          f"Every ES-only run ({len(d['points'])}: the ES tuning trials, the headline ES seeds and the population "
+          "cells): the mean verifier-projected JS diversity of its population over training against its val pass@16 "
+          "gain.", "", fig("entropy.png"), ""] + [vline(v) for v in d["verdicts"]] + [""]
+    # claim 3
+    sq = s["sequential"]
+    L += ["## 3. GRPO first, then ES", ""] + [vline(v) for v in sq["verdicts"]] + [
+        "", "The switch point at equal generations (share of the budget on GRPO first, then ES; held-out test):", "",
+        "| GRPO share | schedule | seeds | " + " | ".join(f"pass@{k}" for k in ks) + " |",
+        "|---|---|---|" + "---|" * len(ks)]
+    for r in sq["sweep"]:
+        L.append(f"| {r['grpo_share']:g} | `{r['schedule']}` | {r['seeds']} | "
+                 + " | ".join(fmt(*r[f"pass@{k}"]) for k in ks) + " |")
+    L += ["", fig("switch.png"), ""]
+    # claim 4
+    sp = s["sparsity"]
+    L += ["## 4. Functional sparsity, forgetting, compression at a matched gain (sparsity.py)", "",
+          f"The ES model is the seed-0 equal-updates ES run; its held-out pass@1 gain (n = 16) is {sp['target']:+.3f}. "
+          "Each GRPO model (the tuned lr, and lower ones) was trained until its gain reached that level (less 0.01), "
+          "or to the equal-generations budget. The table is sparsity.py's own evaluation (n = 16, the held-out "
+          "problems); a pair is matched when the two gains there are within 0.02.", "",
+          "| model | pass@1 gain | relative L2 drift | max abs delta | updates above 1.5e-3 | 90% of the gain from "
+          "top | random | LM loss base -> tuned | unseen family pass@1 | pass@k |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, m in sp["models"].items():
+        L.append(f"| {m['label']} | {m['gain']:+.3f} | {m['relative_l2']:.4f} | {m['max_abs_delta']:.3g} | "
+                 f"{m['above_0.0015']:.3f} | {sparsity.q_text(m['keep_top'])} | {sparsity.q_text(m['keep_random'])} "
+                 f"| {m['lm_loss'][0]:.4f} -> {m['lm_loss'][1]:.4f} | {m['forget_pass@1'][0]:.3f} -> "
+                 f"{m['forget_pass@1'][1]:.3f} | @{m['forget_k']} {m['forget_pass@k'][0]:.3f} -> "
+                 f"{m['forget_pass@k'][1]:.3f} |")
+    L += ["", "Drift ratio (ES / GRPO relative L2) for each pair: " + "; ".join(
+        f"{sp['models'][p['grpo']]['label']}: {p['ratio']:.1f}x (gain gap {p['gain_gap']:+.3f}, "
+        f"{'matched' if p['matched'] else 'not matched'})" for p in sp["pairs"]) + ". The paper's 40-44x compares ES "
+        "with GRPO run by its own LLM recipe, a learning rate far below what a tuned run on this small model uses: "
+        "the lower-learning-rate pairs are the nearer analogue; the tuned pair is what a user would compare.", "",
+        "Compression (retained pass@1 gain of the compressed tuned model over the compressed base):", "",
+        "| method | " + " | ".join(m["label"] for m in sp["models"].values()) + " |",
+        "|---|" + "---|" * len(sp["models"])]
+    first = next(iter(sp["models"].values()))
+    for i, c in enumerate(first["compress"]):
+        cells = [m["compress"][i]["retained"] if i < len(m["compress"]) else None for m in sp["models"].values()]
+        L.append(f"| {c['method']} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
+    L += ["", fig("sparsity-es-keep.png"), ""] + [vline(v) for v in sp["verdicts"]] + [""]
+    # claim 5
+    po = s["population"]
+    Ns = sorted({c["N"] for c in po["cells"]})
+    L += ["## 5. Population size against model size", "",
+          "Val pass@1 gain of ES over each size's own base (mean over seeds ± half-width); the grid doubles N at a "
+          "size while its choice is at the edge.", "",
+          "| size | params | " + " | ".join(f"N={N}" for N in Ns) + " | smallest N with 90% of the best gain |",
+          "|---|---|" + "---|" * (len(Ns) + 1)]
+    for spec, ch in po["choice"].items():
+        by = {c["N"]: c for c in po["cells"] if c["size"] == spec}
+        L.append(f"| {spec} | {ch['params'] / 1e6:.2f}M | " + " | ".join(
+            fmt(*by[N]["gain"]) if N in by else "" for N in Ns)
+            + f" | {'none' if ch['N'] is None else ch['N']}{' (edge)' if ch['edge'] else ''} |")
+    L += ["", fig("popsize.png"), ""] + [vline(v) for v in po["verdicts"]] + [""]
+    # cost
+    c = s["cost"]
+    L += ["## 6. Cost at matched quality (the paper's missing figure)", ""]
+    for k, rec in c["matched"].items():
+        if not rec["gain_exists"]:
+            L.append(f"- {k}: no level above the start ({rec['start']:.3f}) is reached by both (best: ES "
+                     f"{rec['best']['es']:.3f}, GRPO {rec['best']['grpo']:.3f}).")
+            continue
+        parts = [f"{LABEL[n]} never reaches it" if rec[n] is None else
+                 f"{LABEL[n]} after {rec[n][0]:,.0f} generations, {rec[n][1]:.0f} s" for n in ("es", "grpo")]
+        L.append(f"- val {k} = {rec['target']:.3f} (the highest level both reach, mean over seeds): "
+                 + "; ".join(parts) + ".")
+    mem = c["memory"]
+    if mem.get("es-full") and mem.get("grpo"):
+        L.append(f"- Peak memory over the loaded model (fresh processes, bench.py's worker, models/toy): one ES "
+                 f"iteration {mem['es-full']['peak_rss_mb_over_model']:.0f} MB, one GRPO step "
+                 f"{mem['grpo']['peak_rss_mb_over_model']:.0f} MB RSS.")
+    L += ["", "Training seconds per run are in the curves (right panel of the validation curves above).", ""]
+    # temperature
+    rows = s["temperature"]["rows"]
+    L += ["## 7. Does an ES-trained model make inference-time diversity methods work again?", "",
+          f"| model | T | pass@1 | pass@16 | pass@{K} | maj@16 | maj@{K} |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {LABEL[r['name']]} | {r['T']:g} | {r['pass@1']:.3f} | {r['pass@16']:.3f} | {r[f'pass@{K}']:.3f} "
+                 f"| {r['maj@16']:.3f} | {r[f'maj@{K}']:.3f} |")
+    hot = max(r["T"] for r in rows)
+    gain = {n: next(r for r in rows if r["name"] == n and r["T"] == hot)[f"pass@{K}"]
+            - next(r for r in rows if r["name"] == n and r["T"] == 1.0)[f"pass@{K}"] for n in ("grpo", "es")}
+    L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
+          f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
+          "(one seed: a direction, not a verdict).", ""]
+    if s["llm"]["rows"]:
+        L += ["## 8. A real LLM: SmolLM2-135M-Instruct, offline (one seed)", "",
+              "| | task | iterations | generations | minutes | pass@1 | pass@K | token entropy |", "|---|---|---|---|---|---|---|---|"]
+        for r in s["llm"]["rows"]:
+            K2 = r["K"]
+            L.append(f"| {r['name'].upper()} | {r['task']} | {r['iterations']} | {r['generations']:,} | "
+                     f"{r['minutes']:.1f} | {r['pass@1'][0]:.3f} -> {r['pass@1'][1]:.3f} | @{K2} "
+                     f"{r[f'pass@{K2}'][0]:.3f} -> {r[f'pass@{K2}'][1]:.3f} | {r['token_entropy'][0]:.3f} -> "
+                     f"{r['token_entropy'][1]:.3f} |")
         L.append("")
-        for name in SCHEDULES:
-            L.append(f"- {label[name]}: " + "; ".join(
-                f"pass@{k} {verdicts[name, k][1]:+.3f} ({verdicts[name, k][0]})" for k in ks))
-        es_up1, es_upK = verdicts["es", 1][0] == "higher", verdicts["es", K][0] == "higher"
-        g_up1, g_downK = verdicts["grpo", 1][0] == "higher", verdicts["grpo", K][0] == "lower"
-        g_te = [self.evals["grpo", s, 1.0]["summary"]["token_entropy"] for s in self.seeds]
-        b_te = self.evals["base", s0, 1.0]["summary"]["token_entropy"]
-        L += ["", f"**Verdict, GRPO collapses entropy and narrows:** "
-              + ("holds" if g_up1 and g_downK else "does not hold" if not g_up1 else "partly: Pass@1 rises, "
-                 f"Pass@{K} is {verdicts['grpo', K][0]}")
-              + f" (token entropy {b_te:.3f} -> {np.mean(g_te):.3f} nats, pass@1 {verdicts['grpo', 1][0]}, "
-                f"pass@{K} {verdicts['grpo', K][0]}).",
-              f"**Verdict, ES raises Pass@1 and Pass@K:** "
-              + ("holds" if es_up1 and es_upK else "partly: only Pass@1 rises" if es_up1 else
-                 "within noise" if verdicts["es", 1][0] == "within noise" else "does not hold")
-              + f" at this budget (pass@1 {verdicts['es', 1][0]}, pass@{K} {verdicts['es', K][0]}).", ""]
-        # claim 2: entropy over training and diversity
-        runs = [(r["js"], r["gain16"]) for r in self.pop]
-        for s in self.seeds:
-            train = [r for r in self.log("es", s) if r["type"] == "train"]
-            ev = [r for r in self.log("es", s) if r["type"] == "eval"]
-            runs.append((float(np.mean([r["js_diversity"] for r in train])), ev[-1]["pass@16"] - ev[0]["pass@16"]))
-        js, gk = np.array([x for x, _ in runs]), np.array([y for _, y in runs])
-        r_p = float(np.corrcoef(js, gk)[0, 1]) if len(runs) > 2 and js.std() > 0 and gk.std() > 0 else float("nan")
-        rank = lambda v: np.argsort(np.argsort(v))  # noqa: E731
-        r_s = float(np.corrcoef(rank(js), rank(gk))[0, 1]) if not math.isnan(r_p) else float("nan")
-        L += ["## 2. The mechanism: entropy over training, and the JS diversity of the ES population", "",
-              fig("entropy.png"), "",
-              f"Across {len(runs)} ES runs (the {len(self.seeds)} seeds above and the {len(self.pop)} population-size "
-              f"runs of section 4), mean JS diversity of the population over training against the run's held-out "
-              f"pass@16 gain: Pearson r = {r_p:.2f}, Spearman rho = {r_s:.2f}.", "",
-              "**Verdict, higher population diversity goes with higher Pass@K:** "
-              + ("not testable here (too few runs or no spread)" if math.isnan(r_p) else
-                 "holds" if r_s > 0.5 else "does not hold" if r_s < -0.2 else "within noise (no clear relation)")
-              + ".", ""]
-        # claim 3: sequential
-        v1 = self.compare("grpo-es", "grpo", 1)
-        vK = self.compare("grpo-es", "es", K)
-        vKg = self.compare("grpo-es", "grpo", K)
-        seq = ("holds" if v1[0] != "lower" and vKg[0] == "higher" else
-               "does not hold" if v1[0] == "lower" or vKg[0] == "lower" else "within noise")
-        L += ["## 3. GRPO first, then ES", "",
-              f"GRPO->ES against GRPO at pass@1: {v1[1]:+.3f} ({v1[0]}); against GRPO at pass@{K}: {vKg[1]:+.3f} "
-              f"({vKg[0]}); against ES at pass@{K}: {vK[1]:+.3f} ({vK[0]}).", "",
-              "**Verdict, the schedule keeps GRPO's Pass@1 and adds Pass@K:** " + seq + " (rule: holds when its "
-              f"pass@1 is not below GRPO's and its pass@{K} is above GRPO's). "
-              "The full switch-point sweep (both orders, interleaved) is `sequential.py --sweep`; its measured table "
-              "is in docs/sequential.md.", ""]
-        # claim 4: sparsity, forgetting, compression
-        L += ["## 4. Functional sparsity, forgetting, compression (sparsity.py)", "",
-              f"The models: ES trained for {a.sparsity_iterations} iterations (es.py's defaults, seed {s0}; at the "
-              "headline budget its gain is too small to divide) and the seed-0 headline GRPO run. The evaluation: "
-              f"n = 16 samples on the {a.eval_problems} held-out problems.", ""]
-        d = {n: self.sparse[n][0]["overall"] for n in ("es", "grpo")}
-        ratio = d["es"]["relative_l2"] / max(d["grpo"]["relative_l2"], 1e-12)
-        L += ["| | relative L2 drift | max abs delta | share of updates above 1.5e-3 (fp32) | same, seen in bf16 | "
-              "changed in bf16 |", "|---|---|---|---|---|---|"]
-        for n in ("es", "grpo"):
-            L.append(f"| {label[n]} | {d[n]['relative_l2']:.4f} | {d[n]['max_abs_delta']:.3g} | "
-                     f"{d[n]['above_0.0015']:.3f} | {d[n]['above_0.0015_bf16']:.3f} | {d[n]['changed_bf16']:.3f} |")
-        keep_rows = {}
-        for n in ("es", "grpo"):
-            recs = self.sparse[n]
-            keep_rows[n] = {m: sparsity.q_text(sparsity.first_q(recs, m, "pass@1")) for m in ("top", "top-tensor",
-                                                                                              "random")}
-        L += ["", f"Drift ratio ES / GRPO: {ratio:.1f}x (the paper: 40-44x). Smallest kept share q (percent of "
-              "|delta|, largest first; random as the control) that keeps 90% of the pass@1 gain: "
-              + "; ".join(f"{label[n]}: top {keep_rows[n]['top']}, top-tensor {keep_rows[n]['top-tensor']}, "
-                          f"random {keep_rows[n]['random']}" for n in ("es", "grpo")) + ".", "",
-              fig("sparsity-es-keep.png"), fig("sparsity-grpo-keep.png"), ""]
-        forget = {}
-        for n in ("es", "grpo"):
-            fr = {r["model"]: r for r in self.sparse[n] if r["kind"] == "forgetting"}
-            forget[n] = fr
-        es_big = max((k for k in forget["es"]["base"] if k.startswith("forget_pass@")),
-                     key=lambda k: int(k.split("@")[1]))
-        L += [f"| | pretraining-text LM loss, base -> tuned | unseen targets 100..729: pass@1 | {es_big[7:]} |",
-              "|---|---|---|---|"]
-        for n in ("es", "grpo"):
-            fr = forget[n]
-            big = max((k for k in fr["base"] if k.startswith("forget_pass@")), key=lambda k: int(k.split("@")[1]))
-            L.append(f"| {label[n]} | {fr['base']['lm_loss']:.4f} -> {fr['tuned']['lm_loss']:.4f} | "
-                     f"{fr['base']['forget_pass@1']:.3f} -> {fr['tuned']['forget_pass@1']:.3f} | "
-                     f"{fr['base'][big]:.3f} -> {fr['tuned'][big]:.3f} |")
-        es_forgot = forget["es"]["tuned"][es_big] < forget["es"]["base"][es_big] - 0.03
-        es_ev = {r["model"]: r for r in self.sparse["es"] if r["kind"] == "eval"}
-        es_gain = es_ev["tuned"]["pass@1"] - es_ev["base"]["pass@1"]
-        top, rnd = (sparsity.first_q(self.sparse["es"], m, "pass@1") for m in ("top", "random"))
-        sparse_verdict = ("not testable here: the ES model's pass@1 gain in this evaluation is "
-                          f"{es_gain:+.3f}, too small to divide" if es_gain < 0.01 else
-                          "holds" if ratio > 1 and top is not None and top <= 30 and (rnd is None or top < rnd)
-                          else "does not hold")
-        L += ["", "**Verdict, ES drifts far but its gain is sparse:** " + sparse_verdict
-              + f" (drift ratio {ratio:.1f}x; 90% of the gain from the top {keep_rows['es']['top']} vs random "
-                f"{keep_rows['es']['random']}).",
-              "**Verdict, no catastrophic forgetting under ES:** "
-              + ("does not hold" if es_forgot else "holds") + f" (unseen-target {es_big[7:]} "
-              f"{forget['es']['base'][es_big]:.3f} -> {forget['es']['tuned'][es_big]:.3f}; LM loss "
-              f"{forget['es']['base']['lm_loss']:.4f} -> {forget['es']['tuned']['lm_loss']:.4f}).", ""]
-        comp = {n: [r for r in self.sparse[n] if r["kind"] == "compress" and r["model"] == "tuned"] for n in
-                ("es", "grpo")}
-        L += ["Compression, retained pass@1 gain (compressed tuned vs compressed base, over the uncompressed gain):",
-              "", "| method | ES | GRPO |", "|---|---|---|"]
-        for i, r in enumerate(comp["es"]):
-            g = comp["grpo"][i]
-            show = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-            L.append(f"| {r['method']} | {show(r.get('retained_pass@1'))} | {show(g.get('retained_pass@1'))} |")
-        L += ["", fig("sparsity-es-compress.png"), ""]
-        # claim 5: population vs size
-        L += [f"## 5. Population size against model size (ES, {a.pop_iterations} iterations each)", "",
-              "| size | params | " + " | ".join(f"N={N}" for N in dict.fromkeys(r["N"] for r in self.pop))
-              + " | smallest N with 90% of the best gain |", "|---|---|" + "---|" * (len(set(r["N"] for r in
-                                                                                           self.pop)) + 1)]
-        smallest = []
-        for spec in dict.fromkeys(r["size"] for r in self.pop):
-            rs = [r for r in self.pop if r["size"] == spec]
-            best = max(r["gain"] for r in rs)
-            n90 = next((r["N"] for r in rs if best > 0 and r["gain"] >= 0.9 * best), None)
-            smallest.append((rs[0]["params"], n90, best))
-            L.append(f"| {spec} | {rs[0]['params'] / 1e6:.2f}M | " + " | ".join(f"{r['gain']:+.3f}" for r in rs)
-                     + f" | {'none' if n90 is None else n90} |")
-        clear = all(b > 0.01 for _, _, b in smallest)
-        falls = all(x[1] is not None and y[1] is not None and y[1] <= x[1] for x, y in zip(smallest, smallest[1:]))
-        L += ["", "Held-out pass@1 gain over each size's own base (n = 16). " + fig("popsize.png"), "",
-              "**Verdict, a larger model needs a smaller population:** "
-              + ("not testable here: the best gains are within the evaluation's noise (0.01)" if not clear else
-                 "holds" if falls and smallest[0][1] != smallest[-1][1] else "does not hold") + ".", ""]
-        # open question: cost
-        mc, mem = self.matched_cost(), self.memory()
-        L += ["## 6. Cost at matched quality (the paper's missing figure)", "", fig("cost.png"), ""]
-        for k, rec in mc.items():
-            if not rec["gain_exists"]:
-                L.append(f"- {k}: no level above the base ({rec['base']:.3f}) is reached by both (best: ES "
-                         f"{rec['es_best']:.3f}, GRPO {rec['grpo_best']:.3f}), so there is no matched-quality point.")
-                continue
-            parts = []
-            for algo in ("es", "grpo"):
-                parts.append(f"{label[algo]} never reaches it" if rec[algo] is None else
-                             f"{label[algo]} after {rec[algo][0]:,.0f} generations, {rec[algo][1]:.0f} s")
-            L.append(f"- {k} = {rec['target']:.3f} (the highest level both reach): " + "; ".join(parts) + ".")
-        if mem.get("es-full") and mem.get("grpo"):
-            L.append(f"- Peak memory over the loaded model (fresh processes, bench.py's worker): one ES iteration "
-                     f"{mem['es-full']['peak_rss_mb_over_model']:.0f} MB, one GRPO step "
-                     f"{mem['grpo']['peak_rss_mb_over_model']:.0f} MB RSS.")
-        L.append("")
-        # open question: inference-time diversity
-        L += ["## 7. Does an ES-trained model make inference-time diversity methods work again?", "",
-              "| model | T | pass@1 | pass@16 | pass@" + str(K) + " | maj@16 | maj@" + str(K) + " |",
-              "|---|---|---|---|---|---|---|"]
-        for name in ("base", "grpo", "es", "grpo-es"):
-            for T in self.temps:
-                sm = self.evals[name, s0, T]["summary"]
-                L.append(f"| {label[name]} | {T:g} | {sm['pass@1']:.3f} | {sm['pass@16']:.3f} | {sm[f'pass@{K}']:.3f}"
-                         f" | {sm['maj@16']:.3f} | {sm[f'maj@{K}']:.3f} |")
-        hot = max(self.temps)
-        gain = {n: self.evals[n, s0, hot]["summary"][f"pass@{K}"] - self.evals[n, s0, 1.0]["summary"][f"pass@{K}"]
-                for n in ("grpo", "es")}
-        L += ["", f"Seed {s0}. maj@k: the most frequent canonical answer of k samples (for this task an expression, "
-              "so majority voting means the most frequent expression is right). " + fig("temperature.png"), "",
-              f"**Answer:** raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} "
-              "for GRPO; " + ("sampling hotter recovers more coverage from the ES model" if gain["es"] > gain["grpo"]
-                              else "sampling hotter recovers more coverage from the GRPO model") + " (one seed: "
-              "a direction, not a verdict).", ""]
-        L += self.llm_section()
-        with open(a.doc + ".tmp", "w") as f:
-            f.write("\n".join(L) + "\n")
-        os.replace(a.doc + ".tmp", a.doc)
-        print(f"wrote {a.doc}")
+    L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
+    for v in s["verdicts"]:
+        L.append(f"| {v['claim']} | {v['verdict']} | {fmt(v['difference'])} | {fmt(v['half_width'])} |")
+    with open(doc + ".tmp", "w") as f:
+        f.write("\n".join(L) + "\n")
+    os.replace(doc + ".tmp", doc)
+    print(f"wrote {doc}")
 
 
-def run(args):
+# ---- entry point -------------------------------------------------------------------------------------------------------
+QUICK = dict(seeds="0,1", sweep_seeds="0,1", updates=2, es_population=4, es_prompts=4, grpo_prompts=2, grpo_group=4,
+             es_sigmas="0.02", es_alphas="0.008,0.03", grpo_lrs="2e-4,1e-3", grpo_betas="0", val_problems=8,
+             eval_problems=10, eval_n=16, switches="0.25", temperatures="1.0,1.3", sizes="32x1,48x1", size_steps=5,
+             populations="2,4", max_population=8, pop_iterations=2)
+
+
+def check(args):
     passk.check_fields(args)
-    for flag, text in (("--seeds", args.seeds), ("--temperatures", args.temperatures),
-                       ("--populations", args.populations)):
+    rules = {"seeds": (0, math.inf, True), "sweep_seeds": (0, math.inf, True), "populations": (2, math.inf, True),
+             "es_sigmas": (1e-12, math.inf, False), "es_alphas": (1e-12, math.inf, False),
+             "grpo_lrs": (1e-12, math.inf, False), "grpo_betas": (0, math.inf, False),
+             "switches": (1e-9, 1 - 1e-9, False), "temperatures": (1e-9, math.inf, False),
+             "lr_divisors": (1, math.inf, False)}
+    for flag, (lo, hi, whole) in rules.items():
+        text = getattr(args, flag)
         try:
             values = [float(x) for x in text.split(",")]
         except ValueError:
             values = []
-        if not values or min(values) < 0:
-            raise verify.UsageError(f"{flag} must be a comma list of non-negative numbers; got {text!r}")
-    if 1.0 not in [float(t) for t in args.temperatures.split(",")]:
+        if not values or not all(lo <= v <= hi and (not whole or v == int(v)) for v in values):
+            kind = "whole numbers" if whole else "numbers"
+            raise verify.UsageError(f"--{flag.replace('_', '-')} must be a comma list of {kind} in "
+                                    f"[{lo:g}, {hi:g}]; got {text!r}")
+    if args.eval_n & (args.eval_n - 1):
+        raise verify.UsageError(f"--eval-n must be a power of 2 (pass@eval_n is a reported k); got {args.eval_n}")
+    es_trials = len(numbers(args.es_sigmas)) * len(numbers(args.es_alphas))
+    grpo_trials = len(numbers(args.grpo_lrs)) * len(numbers(args.grpo_betas))
+    if es_trials != grpo_trials:
+        raise verify.UsageError(f"the tuning grids must have the same number of trials (ES {es_trials}, GRPO "
+                                f"{grpo_trials}): change --es-sigmas/--es-alphas or --grpo-lrs/--grpo-betas")
+    if 1.0 not in numbers(args.temperatures):
         raise verify.UsageError("--temperatures must include 1.0 (the temperature of every other table)")
     if not all(len(s.split("x")) == 2 and all(p.isdecimal() for p in s.split("x")) for s in args.sizes.split(",")):
         raise verify.UsageError(f"--sizes must be a comma list of HIDDENxLAYERS; got {args.sizes!r}")
-    given = args
+    if "val" not in verify.get_task(args.task).splits:
+        raise verify.UsageError(f"--task {args.task} has no val split to tune on (toy4 has one)")
+
+
+def start_helper(typed, threads, out, k):
+    """Another `python results.py` with the same flags as a helper (--workers 0): it takes the runs no process is
+    making yet, so the two share the work; its output goes to OUT/worker-K.log."""
+    argv = []
+    for f in dataclasses.fields(Args):
+        v = getattr(typed, f.name)
+        if v != f.default and f.name not in ("workers", "threads"):
+            argv += [f"--{f.name.replace('_', '-')}"] + ([] if isinstance(v, bool) else [str(v)])
+    os.makedirs(out, exist_ok=True)
+    log = open(os.path.join(out, f"worker-{k}.log"), "w")
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--workers", "0", "--threads",
+                             str(threads)], stdout=log, stderr=subprocess.STDOUT)
+
+
+def run(args):
+    check(args)
+    typed = args
     if args.quick:
-        args = dataclasses.replace(args, seeds=args.seeds.split(",")[0], budget=256, eval_problems=10, eval_n=16,
-                                   temperatures="1.0,1.3", sizes="32x1,48x1", size_steps=5, populations="2,4",
-                                   sparsity_iterations=2, pop_iterations=2, doc=os.path.join(args.out, "RESULTS.md"))
-    passk.check_writable(args.out)
-    passk.check_writable(args.doc, "--doc", directory=False)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    r = Results(args, given)
-    for step in (r.train_all, r.evaluate_all, r.sparsity_all, r.population_all):
-        t0 = time.time()
-        step()
-        print(f"[results] {step.__name__}: {time.time() - t0:.0f} s", flush=True)
-    r.figures()
-    r.report()
-    return r
+        out = args.out if args.out != Args.out else args.out + "-quick"  # never the full run's cache
+        args = dataclasses.replace(args, **QUICK, out=out, doc=os.path.join(out, "RESULTS.md"))
+    figdir = os.path.join(os.path.dirname(os.path.abspath(args.doc)), args.figures)
+    path = os.path.join(figdir, "summary.json")
+    if args.render:
+        if not os.path.exists(path):
+            raise verify.UsageError(f"--render needs {path} (written by a full run)")
+        s = json.load(open(path))
+    else:
+        passk.check_writable(args.out)
+        passk.check_writable(args.doc, "--doc", directory=False)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.workers))
+        torch.set_num_threads(threads)
+        helpers = [start_helper(typed, threads, args.out, k) for k in range(1, args.workers)]
+        try:
+            s = collect(args, typed)
+        except BaseException:
+            for h in helpers:
+                h.terminate()  # no helper outlives a failed or interrupted report
+            raise
+        for h in helpers:
+            h.wait()  # done or nearly: every run this process waited for is made
+        if args.workers == 0:
+            return None
+        os.makedirs(figdir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(s, f, indent=1)
+        os.replace(path + ".tmp", path)
+    plots(s, figdir)
+    render(s, args.doc, args.figures)
+    return s
 
 
 def main(args):
