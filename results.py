@@ -569,7 +569,8 @@ def size_model(runs, spec):
 
 def claim_population(runs, chosen):
     """ES at each size and N (tuned sigma and alpha, sweep seeds), val pass@1 gain over pop_iterations; the grid
-    doubles N at a size while its choice (the smallest N with 90% of the best mean gain) is the largest tried."""
+    doubles N at a size while its choice (the smallest N with 90% of the best mean gain) is the largest tried (up to
+    --max-population), and halves it while the choice is the smallest (down to 2)."""
     a = runs.args
     seeds = [int(s) for s in a.sweep_seeds.split(",")]
     p = {"es": chosen["es"]["equal-updates"]}
@@ -584,17 +585,13 @@ def claim_population(runs, chosen):
                                                           population=j[0], eval_every=a.pop_iterations, wait=wait),
                             todo)
             for N in dict.fromkeys(j[0] for j in todo):
-                gains = []
-                for j, (folder, log) in zip(todo, done):
-                    if j[0] != N:
-                        continue
-                    ev = evals(log)
-                    gains.append(ev[-1]["pass@1"] - ev[0]["pass@1"])
-                    logs[os.path.basename(folder)] = log
-                stage = es.read_log(os.path.join(folder, "stage-1-es", "log.jsonl"))
+                mine = [(folder, log) for j, (folder, log) in zip(todo, done) if j[0] == N]  # its seeds
+                logs.update({os.path.basename(folder): log for folder, log in mine})
+                gains = [evals(log)[-1]["pass@1"] - evals(log)[0]["pass@1"] for _, log in mine]
+                stage = es.read_log(os.path.join(mine[0][0], "stage-1-es", "log.jsonl"))
                 params = next(r for r in stage if r["type"] == "config")["trained_params"]
                 cells.append({"size": spec, "params": params, "N": N, "gain": interval(gains),
-                              "base": ev[0]["pass@1"]})
+                              "base": evals(mine[0][1])[0]["pass@1"]})
             mine = sorted((c for c in cells if c["size"] == spec), key=lambda c: c["N"])
             best = max(c["gain"][0] for c in mine)
             n90 = next((c["N"] for c in mine if best > 0 and c["gain"][0] >= 0.9 * best), None)
