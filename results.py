@@ -737,6 +737,11 @@ def vline(v):
 def plots(s, figdir):
     plt = passk.pyplot("results.py's figures")
     os.makedirs(figdir, exist_ok=True)
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(os.path.join(figdir, name), dpi=100)
+        plt.close(fig)
     K = s["eval"]["n"]
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= K]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -750,9 +755,7 @@ def plots(s, figdir):
         ax.set_ylabel(f"held-out pass@k (T = 1, n = {K})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "passk.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "passk.png")
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, budget, x in ((axes[0], "equal-updates", 0), (axes[1], "equal-generations", 1),
@@ -767,9 +770,7 @@ def plots(s, figdir):
         ax.set_title(budget, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "curves.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "curves.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, name in enumerate(ARMS):
@@ -786,9 +787,7 @@ def plots(s, figdir):
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "entropy.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "entropy.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sw = s["sequential"]["sweep"]
@@ -799,9 +798,7 @@ def plots(s, figdir):
     ax.set_ylabel("held-out")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "switch.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "switch.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     cells = s["population"]["cells"]
@@ -815,9 +812,7 @@ def plots(s, figdir):
     ax.axhline(0, color="gray", linestyle=":")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "popsize.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "popsize.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     temps = sorted({r["T"] for r in s["temperature"]["rows"]})
@@ -833,9 +828,7 @@ def plots(s, figdir):
         ax.set_title(t, fontsize=9)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(os.path.join(figdir, "temperature.png"), dpi=100)
-    plt.close(fig)
+    save(fig, "temperature.png")
     for key, m in s["sparsity"]["models"].items():
         for png in ("keep.png", "compress.png"):
             src = os.path.join(m["folder"], png)
