@@ -138,7 +138,7 @@ def interval(values):
     v = np.asarray(values, dtype=float)
     if len(v) < 2:
         return float(v.mean()), None
-    t = T95[min((d for d in T95 if d >= len(v) - 1), default=30)]  # the next tabled df down is conservative
+    t = T95[max(d for d in T95 if d <= len(v) - 1)]  # the next tabled df down: a larger t, conservative
     return float(v.mean()), t * float(v.std(ddof=1)) / math.sqrt(len(v))
 
 

@@ -2189,6 +2189,8 @@ def test_results_verdict_rule_and_half_width_on_constructed_numbers():
     noisy = results.verdict("up", [0.1, -0.1, 0.05, -0.05, 0.01])
     assert noisy["verdict"] == "within noise" and noisy["half_width"] > abs(noisy["difference"])
     # just outside and just inside: the interval's edge decides, not the mean
+    wide = results.interval([0.0, 1.0] * 11 + [0.0])[1]  # 22 degrees of freedom, not tabled: t of 20 (2.09)
+    assert wide == pytest.approx(2.09 * np.std([0.0, 1.0] * 11 + [0.0], ddof=1) / math.sqrt(23))
     h = results.interval([1.0, 2.0, 3.0])[1]
     assert h == pytest.approx(4.30 * 1.0 / math.sqrt(3))
     assert results.verdict("up", [x - 2.0 + h * 1.01 for x in (1.0, 2.0, 3.0)])["verdict"] == "holds"
