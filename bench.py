@@ -3,7 +3,9 @@
     a. perturb + restore of every weight, against torch.randn filling as many elements plus one copy (the bound);
     b. scoring a population (N members x P prompts, greedy) against the same N*P rows through passk.sample in one
        call with the unperturbed model (plain batched inference): full-rank members one after another, and low-rank
-       members all in one batched generation (es.py --noise lowrank), for N = 8, 32, 128;
+       members all in one batched generation (es.py --noise lowrank), for N = 8, 32, 128; at fixed length (EOS
+       ignored, so both sides generate the same tokens: the cost per token) and once at the natural EOS; on --task's
+       prompts through the chat template, so --model smollm2-135m --task rg:... times a real LLM;
     c. grpo.py's step against TRL's GRPOTrainer (same model, prompts, group, max tokens, loss, lr), and the held-out
        Pass@1 both reach in the same number of steps; es.py's iteration against the ES loop of the reference code of
        Qiu et al. (HF generate, in-place perturbation, restore by subtraction), re-implemented here;
@@ -64,6 +66,11 @@ class Args:
     """e: ES iterations of each cost curve (full-rank and low-rank); in [1, inf)"""
     batch_size: int = 512
     """rows per generation batch everywhere (es.py's default); in [1, inf)"""
+    task: str = "toy"
+    """b: the task whose training prompts part b scores, through the model's chat template where it has one (parts
+    a and c-f use toy's); e.g. rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1 for a real LLM"""
+    new_tokens: int = 16
+    """b: tokens each row generates (16, es.py's default; 32 for a real LLM); in [1, inf)"""
     threads: int = 0
     """torch CPU threads (0: torch's default); in [0, inf)"""
     device: str = ""
@@ -165,25 +172,63 @@ def part_a(ctx):
 
 
 # ---- b. scoring a population ----------------------------------------------------------------------------------------
-def score(ctx, noise, N):
+class NoEos:
+    """The tokenizer without its EOS: with the model's generation config's EOS cleared too (fixed_length), every row
+    generates exactly max_new_tokens. Perturbed members stop at other steps than the unperturbed model, so only at
+    fixed length do candidate and bound do the same work."""
+    eos_token_id = None
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __call__(self, *a, **kw):
+        return self._tok(*a, **kw)
+
+
+def fixed_length(model, tok):
+    """(tokenizer, undo): generation that ignores EOS until undo() restores the model's generation config."""
+    config = model.generation_config
+    saved, config.eos_token_id = config.eos_token_id, None
+    return NoEos(tok), lambda: setattr(config, "eos_token_id", saved)
+
+
+def score(ctx, noise, N, tok, task, examples):
     """es.py scoring N members on the P prompts (greedy) with the bench's model, as in one ES iteration."""
     timing = {"perturb": 0.0, "generate": 0.0}
-    es.score_members(ctx.model, ctx.tok, ctx.task, ctx.examples, list(range(N)), ctx.master, ctx.params,
-                     es_args(ctx.args, noise=noise, population=N), 0, timing)
-    return timing
+    out = es.score_members(ctx.model, tok, task, examples, list(range(N)), ctx.master, ctx.params,
+                           es_args(ctx.args, noise=noise, population=N, max_new_tokens=ctx.args.new_tokens), 0, timing)
+    return sum(r["tokens"] for r in out.values())
 
 
 def part_b(ctx):
     """Scoring a population of N members x P prompts (full-rank members one after another, low-rank ones in one
-    batched generation) against plain batched inference: the same N*P rows, unperturbed, in one passk.sample call."""
+    batched generation) against plain batched inference: the same N*P rows, unperturbed, in one passk.sample call,
+    at fixed length (EOS ignored: both do the same work, the ratio is the cost per token); then once at the natural
+    EOS, whose ratio also counts the members' longer or shorter completions (tokens of each recorded)."""
+    task = verify.get_task(ctx.args.task)
+    examples = task.examples("train", len(ctx.examples), seed=1)
+    prompts = [task.prompt(ex, ctx.tok) for ex in examples]
     for N in ctx.populations:
-        def bound():
-            passk.sample(ctx.model, ctx.tok, ctx.prompts * N, n=1, temperature=0, max_new_tokens=16,
-                         batch_size=ctx.args.batch_size, entropy=False)
-        for noise in ("full", "lowrank"):
-            r = paired(lambda: score(ctx, noise, N), bound, ctx.args.repeats)
-            record(ctx, "b", f"population eval {noise} N={N} vs batched inference", N=N, P=len(ctx.prompts),
-                   rows=N * len(ctx.prompts), **r)
+        for natural in (False, True):
+            tok, undo = (ctx.tok, lambda: None) if natural else fixed_length(ctx.model, ctx.tok)
+            tokens = {}
+
+            def bound():
+                tokens["bound"] = passk.sample(ctx.model, tok, prompts * N, n=1, temperature=0,
+                                               max_new_tokens=ctx.args.new_tokens, batch_size=ctx.args.batch_size,
+                                               entropy=False).tokens
+            try:
+                for noise in ("full", "lowrank"):
+                    r = paired(lambda: tokens.__setitem__("member", score(ctx, noise, N, tok, task, examples)), bound,
+                               1 if natural else ctx.args.repeats)
+                    record(ctx, "b", f"population eval {noise} N={N} vs batched inference"
+                           + (" (natural EOS)" if natural else ""), N=N, P=len(prompts), rows=N * len(prompts),
+                           fixed_length=not natural, tokens=tokens["member"], bound_tokens=tokens["bound"], **r)
+            finally:
+                undo()
 
 
 # ---- c. against TRL and against the reference ES loop ---------------------------------------------------------------
@@ -448,7 +493,7 @@ def part_f(ctx):
         for noise in ("full", "lowrank"):
             a = es_args(args, noise=noise, population=N)
             fit = es.shape_fitness(np.arange(N, dtype=float))
-            t = [timed(lambda: (score(ctx, noise, N), es.es_update(scratch, fit, a, 0))) for _ in range(args.repeats)]
+            t = [timed(lambda: (score(ctx, noise, N, ctx.tok, ctx.task, ctx.examples), es.es_update(scratch, fit, a, 0))) for _ in range(args.repeats)]
             record(ctx, "f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
                    min=min(t), max=max(t), per_member=statistics.median(t) / N)
     # (hidden, layers, pretraining steps of batch 64): enough for completions that end like the shipped

@@ -177,13 +177,15 @@ class MemberRows:
     Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
-    affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term is two thin
-    matmuls per run of consecutive rows of one member, against that member's own factors ([in, R] and [R, out]):
-    O(R) work per row and token, whatever the population, nothing gathered. Working weights stay equal to the master.
+    affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term takes each row's own
+    member's factors (one index_select of [R, in] and [R, out] per row) and adds (x . b_r) a_r for r < R with two
+    elementwise ops over the whole batch: O(R) work per row and token whatever the population, and a fixed number of
+    kernel launches per module (a loop over runs of one member's rows cost 2 launches per member, which on a small
+    model is most of a decode step). Working weights stay equal to the master.
     """
 
     def __init__(self, model, params, master, members, args, t):
-        self.M, self.R, self.hooks, self.segments = len(members), args.rank, [], []
+        self.M, self.R, self.hooks = len(members), args.rank, []
         self.per_row = []  # (holder, table) pairs that set_rows refreshes
         name_of = {id(p): name for name, p in params.items()}
         dtype = next(model.parameters()).dtype
@@ -203,7 +205,7 @@ class MemberRows:
             if not mine:
                 continue
             if isinstance(module, torch.nn.Linear):
-                hook = self._linear(self._members(factors.get(mine.get("weight"))),
+                hook = self._linear(self._by_member(factors.get(mine.get("weight"))),
                                     self._rows(vectors.get(mine.get("bias"))))
             elif isinstance(module, torch.nn.Embedding):
                 hook = self._embedding(*factors[mine["weight"]])
@@ -223,32 +225,27 @@ class MemberRows:
         self.per_row.append((holder, table))
         return holder
 
-    def _members(self, ab):
-        """A Linear's factors split by member: ([R, out] scaled A_m^T, [in, R] B_m) for each member m, contiguous."""
+    def _by_member(self, ab):
+        """A Linear's factors as tables indexed by member: [M, R, out] (scaled A_m^T) and [M, R, in] (B_m^T)."""
         if ab is None:
             return None
         a_t, b_all = ab
-        return [(a_t[m * self.R:(m + 1) * self.R].contiguous(), b_all[:, m * self.R:(m + 1) * self.R].contiguous())
-                for m in range(self.M)]
+        return (a_t.view(self.M, self.R, -1), b_all.T.reshape(self.M, self.R, -1).contiguous())
 
     def set_rows(self, member_index: torch.Tensor):
         """member_index [B]: the position in `members` of each row of the batch about to run (passk.sample's
         on_batch, mapped from prompt index to member). Everything per row is gathered here, once per batch shape."""
         self.member = member_index
-        runs, counts = torch.unique_consecutive(member_index, return_counts=True)  # rows of a member are consecutive
-        ends = counts.cumsum(0).tolist()
-        self.segments = [(end - c, end, m) for end, c, m in zip(ends, counts.tolist(), runs.tolist())]
         for holder, table in self.per_row:
             holder[0] = table[member_index].unsqueeze(1)
 
     def _linear(self, ab, bias_rows):
         def hook(module, inputs, out):
             if ab is not None:
-                x = inputs[0]  # [B, T, in]; out [B, T, out] is contiguous, so is each slice of its rows
-                for start, end, m in self.segments:
-                    a_t, b = ab[m]
-                    xb = x[start:end].reshape(-1, x.shape[-1]) @ b  # [rows * T, R]
-                    out[start:end].view(-1, out.shape[-1]).addmm_(xb, a_t)
+                x = inputs[0]  # [B, T, in]; out [B, T, out]
+                a, b = ab[0].index_select(0, self.member), ab[1].index_select(0, self.member)  # [B, R, out], [B, R, in]
+                for r in range(self.R):  # out += (x . b_r) a_r, row by row: [B, T, 1] * [B, 1, out]
+                    out.addcmul_((x * b[:, r:r + 1]).sum(-1, keepdim=True), a[:, r:r + 1])
             if bias_rows is not None:
                 out.add_(bias_rows[0])
             return out

@@ -256,7 +256,7 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
     device = next(model.parameters()).device
     # stop on the tokenizer's EOS and on every EOS the model's generation config lists (Qwen2.5-Instruct has two)
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    eos_ids = sorted({tokenizer.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) - {None})
+    eos_ids = sorted(({tokenizer.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])) - {None})
     eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
     bos = tokenizer.bos_token

@@ -567,6 +567,17 @@ def test_sampler_stops_at_every_eos_of_the_generation_config(toy_model):
     assert not any("+" in text for text in s.texts)
 
 
+def test_sampler_without_any_eos_runs_every_row_to_max_new_tokens(toy_model):
+    model, tok = copy.deepcopy(toy_model[0]), toy_model[1]
+    noeos, undo = bench.fixed_length(model, tok)  # tokenizer and generation config both without an EOS
+    assert noeos.eos_token_id is None and model.generation_config.eos_token_id is None
+    prompts = [verify.get_task("toy").prompt(ex) for ex in verify.get_task("toy").examples("test", 4, seed=1)]
+    s = passk.sample(model, noeos, prompts, n=3, temperature=1.0, max_new_tokens=9, seed=2)
+    assert [len(ids) for ids in s.completion_ids] == [9] * 12
+    undo()
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+
+
 def test_embedded_model_has_latent_modes(toy_model):
     """The shipped default: held-out Pass@1 in [0.05, 0.3] and Pass@16 >= 3 x Pass@1."""
     model, tok = toy_model
@@ -2121,6 +2132,11 @@ def test_reasoning_gym_task_splits_prompts_and_rewards():
     train, test = task.examples("train", 200, 1), task.examples("test", 40, 1234)
     assert len(train) == 200 and len(test) == 40 and task.examples("test", 40, 1234) == test
     assert not {e["question"] for e in train} & {e["question"] for e in test}
+    val = task.examples("val", 12, 7)  # the tuning split: disjoint from both, and test is the set it always was
+    assert len(val) == 12 and task.splits == ("train", "val", "test")
+    assert not {e["question"] for e in val} & ({e["question"] for e in train} | {e["question"] for e in test})
+    assert {verify.rg_split(e["question"]) for e in val} == {"val"}
+    assert all(verify._stable_hash(e["question"]) % 5 == 0 for e in test)
     ex = test[0]
     assert task.prompt(ex) == ex["question"]
     assert [task.reward(c, ex) for c in (f"So {ex['question'][-7:]} {ex['answer']}", "It is 123456.", "no")] == \

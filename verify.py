@@ -788,6 +788,13 @@ class MathTask(Task):
 
 
 # ---- reasoning-gym tasks (optional package, Apache-2.0), scored by this module's own verifiers -----------------------
+def rg_split(question: str) -> str:
+    """'test' for 20% of reasoning-gym questions, 'val' for 10%, 'train' for the rest, by a hash of the question
+    (test is the set it always was: hash % 5 == 0; val was taken from train)."""
+    h = _stable_hash(question) % 10
+    return 'test' if h % 5 == 0 else 'val' if h == 1 else 'train'
+
+
 class ReasoningGymTask(Task):
     """`rg:NAME` with options after '?' (`rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1`): the
     seeded problem generators of reasoning-gym 0.1.25 (pip install -r requirements-llm.txt). Only its problems and
@@ -795,8 +802,10 @@ class ReasoningGymTask(Task):
     runs sympy's parse_expr, which calls eval). Here: datasets whose reference answer is a number are scored by the
     final number of the completion (after '####', else in the last \\boxed{}, else the last number), compared
     exactly; `rg:countdown` by this module's Countdown checker on the completion's last line. A well-formed answer
-    that is wrong earns 0.1, as in the other tasks. Train and test are split by a stable hash of the question."""
+    that is wrong earns 0.1, as in the other tasks. Train, val and test are split by a stable hash of the question
+    (rg_split)."""
     format_bonus = 0.1
+    splits = ('train', 'val', 'test')
 
     def __init__(self, dataset: str, data: str | None = None, **options):
         try:
@@ -823,7 +832,7 @@ class ReasoningGymTask(Task):
         while True:
             out = [{'question': e['question'], 'answer': str(e['answer']), **{k: e['metadata'][k] for k in
                     ('numbers', 'target') if k in e['metadata']}} for e in self._entries(seed, size)
-                   if split in ('all', 'test' if _stable_hash(e['question']) % 5 == 0 else 'train')]
+                   if split in ('all', rg_split(e['question']))]
             if len(out) >= n or size > 50 * n + 1000:
                 return out[:n]
             size *= 2
