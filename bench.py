@@ -220,10 +220,11 @@ def part_b(ctx):
                 tokens["bound"] = passk.sample(ctx.model, tok, prompts * N, n=1, temperature=0,
                                                max_new_tokens=ctx.args.new_tokens, batch_size=ctx.args.batch_size,
                                                entropy=False).tokens
+            def members():
+                tokens["member"] = score(ctx, noise, N, tok, task, examples)
             try:
                 for noise in ("full", "lowrank"):
-                    r = paired(lambda: tokens.__setitem__("member", score(ctx, noise, N, tok, task, examples)), bound,
-                               1 if natural else ctx.args.repeats)
+                    r = paired(members, bound, 1 if natural else ctx.args.repeats)
                     record(ctx, "b", f"population eval {noise} N={N} vs batched inference"
                            + (" (natural EOS)" if natural else ""), N=N, P=len(prompts), rows=N * len(prompts),
                            fixed_length=not natural, tokens=tokens["member"], bound_tokens=tokens["bound"], **r)
@@ -493,7 +494,10 @@ def part_f(ctx):
         for noise in ("full", "lowrank"):
             a = es_args(args, noise=noise, population=N)
             fit = es.shape_fitness(np.arange(N, dtype=float))
-            t = [timed(lambda: (score(ctx, noise, N, ctx.tok, ctx.task, ctx.examples), es.es_update(scratch, fit, a, 0))) for _ in range(args.repeats)]
+            def iteration():
+                score(ctx, noise, N, ctx.tok, ctx.task, ctx.examples)
+                es.es_update(scratch, fit, a, 0)
+            t = [timed(iteration) for _ in range(args.repeats)]
             record(ctx, "f", f"ES iteration vs population: {noise} N={N}", N=N, median=statistics.median(t),
                    min=min(t), max=max(t), per_member=statistics.median(t) / N)
     # (hidden, layers, pretraining steps of batch 64): enough for completions that end like the shipped

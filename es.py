@@ -178,10 +178,11 @@ class MemberRows:
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
     affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term takes each row's own
-    member's factors (one index_select of [R, in] and [R, out] per row) and adds (x . b_r) a_r for r < R with two
-    elementwise ops over the whole batch: O(R) work per row and token whatever the population, and a fixed number of
-    kernel launches per module (a loop over runs of one member's rows cost 2 launches per member, which on a small
-    model is most of a decode step). Working weights stay equal to the master.
+    member's factors (an index_select of its [M, R, in] and [M, R, out] tables at every forward, so that only one
+    module's gathered factors are alive at a time rather than all modules' for the whole batch) and adds (x . b_r) a_r
+    for r < R with elementwise ops over the whole batch: O(R) work per row and token whatever the population, and a
+    fixed number of kernel launches per module (a loop over runs of one member's rows cost 2 launches per member,
+    which on a small model is most of a decode step). Working weights stay equal to the master.
     """
 
     def __init__(self, model, params, master, members, args, t):
@@ -234,7 +235,8 @@ class MemberRows:
 
     def set_rows(self, member_index: torch.Tensor):
         """member_index [B]: the position in `members` of each row of the batch about to run (passk.sample's
-        on_batch, mapped from prompt index to member). Everything per row is gathered here, once per batch shape."""
+        on_batch, mapped from prompt index to member). Bias and norm vectors are gathered here, once per batch
+        shape; a Linear's and an Embedding's factors by their hooks (see the class docstring)."""
         self.member = member_index
         for holder, table in self.per_row:
             holder[0] = table[member_index].unsqueeze(1)
