@@ -14,7 +14,10 @@
     e. held-out Pass@1 against sampled generations and against seconds, ES vs GRPO (the paper's missing cost figure):
        OUT/bench_cost.png;
     f. how the cost grows: seconds per ES iteration against population size and against model size (three sizes
-       built by toy.py, cached in OUT/models).
+       built by toy.py, cached in OUT/models);
+    g. (only when asked) what makes a real model fastest here: fp32 against bf16 weights, threads, batch size, the
+       chat template's system prompt, each against plain batched inference at fixed length; and what bf16 working
+       weights do to a sigma = 1e-3 perturbation.
 
     python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
     python bench.py --quick      # the same pipeline, tiny (a test runs it)
@@ -23,9 +26,11 @@
 Times are medians over --repeats runs, with the spread (min..max); each bound is measured right beside its
 candidate, alternating, so that load from elsewhere on the machine falls on both.
 """
+import copy
 import dataclasses
 import gc
 import json
+import math
 import os
 import resource
 import statistics
@@ -55,7 +60,7 @@ class Args:
     repeats: int = 2
     """timed repeats per measurement (median and spread; part a takes 5x as many); in [1, inf)"""
     parts: str = "a,b,c,d,e,f"
-    """comma list of parts to run, each one of a, b, c, d, e, f"""
+    """comma list of parts to run, each one of a, b, c, d, e, f, g (g, a real model's settings, only when asked)"""
     prompts: int = 128
     """P, prompts per ES iteration (es.py's default); in [1, inf)"""
     populations: str = "8,32,128"
@@ -526,6 +531,63 @@ def part_f(ctx):
                    tokens_per_iteration=statistics.median(tokens))
 
 
+# ---- g. settings for a real model -----------------------------------------------------------------------------------
+def bf16_noise_error(master, sigma=1e-3, seed=0):
+    """What bf16 working weights do to a full-rank perturbation: es.py writes bf16(w + sigma*eps), so a member's
+    effective perturbation is that minus bf16(w). Over every matrix: its relative L2 error against sigma*eps and the
+    fraction of entries whose perturbation rounds away entirely."""
+    err = ref = lost = n = 0.0
+    for k, (name, w) in enumerate(master.items()):
+        if w.dim() != 2:
+            continue
+        d = sigma * es.noise(seed, 0, k, name, w)
+        got = (w + d).bfloat16().float() - w.bfloat16().float()
+        err, ref = err + float((got - d).pow(2).sum()), ref + float(d.pow(2).sum())
+        lost, n = lost + float((got == 0).sum()), n + w.numel()
+    return math.sqrt(err / ref), lost / n
+
+
+def part_g(ctx):
+    """What makes a real model fastest here: plain batched inference of N*P rows (N the first of --populations) at
+    fixed length, against the same in fp32 with every row in one batch, the thread count of --threads and the
+    template's own system prompt: bf16 weights, 1 and 2 threads, batches of rows/4 and rows/2, an empty system
+    message (task option system=). And what bf16 working weights do to a sigma = 1e-3 perturbation."""
+    args = ctx.args
+    task = verify.get_task(args.task)
+    bare = verify.get_task(args.task + ("," if "?" in args.task else "?") + "system=")
+    examples = task.examples("train", len(ctx.examples), seed=1)
+    rows = ctx.populations[0] * len(examples)
+    threads = args.threads or torch.get_num_threads()
+    tok, undo = fixed_length(ctx.model, ctx.tok)
+    bf16 = None
+
+    def rows_once(model=ctx.model, t=task, batch=rows, n_threads=threads):
+        torch.set_num_threads(n_threads)
+        try:
+            passk.sample(model, tok, [t.prompt(ex, ctx.tok) for ex in examples] * ctx.populations[0], n=1,
+                         temperature=0, max_new_tokens=args.new_tokens, batch_size=batch, entropy=False)
+        finally:
+            torch.set_num_threads(threads)
+    try:
+        bf16 = copy.deepcopy(ctx.model).to(torch.bfloat16)  # a copy: fp32 -> bf16 -> fp32 would lose the bits
+        prompt_tokens = {name: len(ctx.tok(t.prompt(examples[0], ctx.tok)).input_ids)
+                         for name, t in (("template", task), ("empty", bare))}
+        settings = [("bf16 weights", dict(model=bf16)), ("1 thread", dict(n_threads=1)),
+                    ("2 threads", dict(n_threads=2)), (f"batch {max(1, rows // 4)}", dict(batch=max(1, rows // 4))),
+                    (f"batch {max(1, rows // 2)}", dict(batch=max(1, rows // 2))),
+                    ("empty system prompt", dict(t=bare))]
+        for name, kw in settings:
+            r = paired(lambda kw=kw: rows_once(**kw), rows_once, args.repeats)
+            record(ctx, "g", f"{name} vs fp32, {threads} thread(s), {rows} rows in one batch, the template's system "
+                   "prompt", rows=rows, new_tokens=args.new_tokens, prompt_tokens=prompt_tokens, **r)
+    finally:
+        undo()
+        del bf16
+    rel, lost = bf16_noise_error(ctx.master)
+    record(ctx, "g", "bf16 working weights: a sigma=1e-3 full-rank perturbation as written", relative_l2_error=rel,
+           entries_lost=lost)
+
+
 # ---- the table and the driver ---------------------------------------------------------------------------------------
 def print_table(records):
     print("\n== bench: medians (min..max) ==")
@@ -538,6 +600,10 @@ def print_table(records):
             print(f"[d] {r['what']}: +{r['peak_rss_mb_over_model']:.0f} MB RSS over the loaded model"
                   + (f", +{r['cuda_max_allocated_mb_over_model']:.0f} MB CUDA" if "cuda_max_allocated_mb_over_model"
                      in r else ""))
+            continue
+        if "relative_l2_error" in r:
+            print(f"[g] {r['name']}: relative L2 error {r['relative_l2_error']:.1%}, entries that round away "
+                  f"{r['entries_lost']:.1%}")
             continue
         line = f"[{r['part']}] {r['name']}: {r['median']:.4g} s ({r['min']:.4g}..{r['max']:.4g})"
         if "reference_restore_changed_frac_after_30" in r:
@@ -555,15 +621,15 @@ def print_table(records):
         print(line)
 
 
-PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f}
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g}
 
 
 def run(args):
     """The selected parts in the order given, then the table (with --worker: one part-d measurement)."""
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if not parts or set(parts) - set("abcdef"):
-        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f; got {args.parts!r}")
+    if not parts or set(parts) - set(PARTS):
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g; got {args.parts!r}")
     if not all(x.strip().isdecimal() and int(x) >= 2 for x in args.populations.split(",")):
         raise verify.UsageError(f"--populations must be a comma list of integers >= 2; got {args.populations!r}")
     passk.check_device(args.device)

@@ -15,13 +15,14 @@ every evaluation), in the order of RESULTS.md, one function per section:
     5. claim_population population size against model size, until the choice is not at the grid's edge
     6. question_cost    generations and seconds to a matched quality; memory of one step
     7. question_temperature  does sampling hotter recover coverage from each model
-    8. question_llm     the SmolLM2 runs of docs/llm.md, when their logs exist
+    8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/
 
 Every section returns plain data; `collect` puts it in summary.json and `render` writes RESULTS.md and the plots from
 summary.json alone (`--render` does only that, from a fresh clone).
 
     python results.py              # 90 minutes on 2 CPU cores (two processes); resumable: finished runs are reused
     python results.py --render     # RESULTS.md and results/*.png again from results/summary.json, no runs
+    python results.py --llm        # section 8 again from the SmolLM2 logs in results/llm/, no runs
     python results.py --quick      # the same pipeline, tiny (a test runs it); writes to --out, not RESULTS.md
 
 Verdict rule (fixed before the runs): the difference of the means over seeds (paired by seed where both arms are
@@ -123,8 +124,10 @@ class Args:
     """ES iterations of each population-size run; in [1, inf)"""
     lr_divisors: str = "10,100"
     """GRPO learning rates below the tuned one for the sparsity comparison (tuned lr / each)"""
-    llm_runs: str = "runs"
-    """folder holding smollm2-grpo/ and smollm2-es/ (docs/llm.md's SmolLM2 commands); reported when present"""
+    llm_runs: str = os.path.join(HERE, "results", "llm")
+    """folder of docs/llm.md's SmolLM2 logs (tune/NAME/ and METHOD-seedS/, each a log.jsonl); reported when present"""
+    llm: bool = False
+    """only refresh summary.json's llm and llm_tuning from --llm-runs, then write RESULTS.md and the plots"""
     workers: int = 2
     """processes sharing the runs through lock files (this one and workers - 1 helpers it starts; a helper, 0, makes
     runs and writes no report); in [0, inf)"""
@@ -657,18 +660,85 @@ def question_temperature(runs, chosen):
 
 
 # ---- 8. the SmolLM2 runs of docs/llm.md --------------------------------------------------------------------------------
+LLM_METHODS = ("es", "grpo", "grpo-es")
+
+
+def llm_params(cfg):
+    """The tuned settings of one run, from its log's config line (a schedule: its stages and per-algorithm flags)."""
+    if cfg["algo"] == "sequential":
+        return {"schedule": cfg["schedule"], "es": cfg["es"], "grpo": cfg["grpo"]}
+    if cfg["algo"] == "es":
+        return {k: cfg[k] for k in ("sigma", "alpha", "population", "prompts", "noise", "rank")}
+    return {k: cfg[k] for k in ("lr", "prompts", "group")}
+
+
+def llm_point(rec):
+    K = max(int(k[5:]) for k in rec if k.startswith("pass@"))
+    return {k: rec[k] for k in ("pass@1", "pass@16", f"pass@{K}", "token_entropy", "answer_entropy") if k in rec}
+
+
+def llm_log(path):
+    """(config, evaluations with the generations sampled before each, train lines) of a finished es.py, grpo.py or
+    sequential.py run, else None: finished means every planned update logged and an evaluation before and after."""
+    recs = es.read_log(os.path.join(path, "log.jsonl")) if os.path.isdir(path) else []
+    cfg = recs[0] if recs and recs[0].get("type") == "config" else None
+    if cfg is None:
+        return None
+    planned = sum(int(x.split(":")[1]) for x in cfg["schedule"].split(",")) if cfg["algo"] == "sequential" \
+        else cfg["iterations"]
+    ev, train, gens = [], [], 0
+    for r in recs:
+        if r.get("type") == "train":
+            train.append(r)
+            gens = r["generations"]
+        elif r.get("type") == "eval":
+            ev.append({**r, "generations": gens})
+    done = len(train) == planned and len(ev) >= 2 and ev[0]["generations"] == 0 and recs.index(train[-1]) < \
+        max(i for i, r in enumerate(recs) if r.get("type") == "eval")
+    return (cfg, ev, train) if done else None
+
+
 def question_llm(folder):
-    rows = []
-    for n in ("grpo", "es"):
-        recs = es.read_log(os.path.join(folder, f"smollm2-{n}", "log.jsonl"))
-        ev, train = evals(recs), [r for r in recs if r.get("type") == "train"]
-        if len(ev) < 2 or not train or ev[0]["iteration"] != 0:
-            continue  # not run (or not finished): nothing to report
-        K = max(int(k[5:]) for k in ev[0] if k.startswith("pass@"))
-        rows.append({"name": n, "task": recs[0]["task"], "iterations": ev[-1]["iteration"], "K": K,
-                     "generations": train[-1]["generations"], "minutes": train[-1]["wall"] / 60,
-                     **{k: [ev[0][k], ev[-1][k]] for k in ("pass@1", f"pass@{K}", "token_entropy", "answer_entropy")}})
-    return {"rows": rows}
+    """docs/llm.md's SmolLM2 runs from their committed logs: FOLDER/tune/NAME/log.jsonl (short runs scored on the val
+    split: {method, params, score}) and FOLDER/METHOD-seedS/log.jsonl (held-out runs), METHOD one of LLM_METHODS
+    (grpo-es: a sequential.py schedule). Unfinished runs are left out."""
+    tuning, runs = [], []
+    tune_dir = os.path.join(folder, "tune")
+    for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
+        got = llm_log(os.path.join(tune_dir, name))
+        if got:
+            cfg, ev, train = got
+            tuning.append({"method": cfg["algo"], "run": name, "params": llm_params(cfg), "score": ev[-1]["pass@1"],
+                           "base_score": ev[0]["pass@1"], "split": cfg["eval_split"], "iterations": len(train),
+                           "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60})
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        method, _, seed = name.rpartition("-seed")
+        got = llm_log(os.path.join(folder, name)) if method in LLM_METHODS and seed.isdecimal() else None
+        if not got:
+            continue
+        cfg, ev, train = got
+        runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
+                     "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
+                     "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
+                     "base": llm_point(ev[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
+                     "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev]})
+    return runs, tuning
+
+
+def llm_moved(runs, method):
+    """Did `method` move held-out pass@1? Each seed's change against twice a conservative standard error of one
+    evaluation, sqrt(p (1 - p) / problems) (the variance of a mean of per-problem rates is at most that of a mean of
+    Bernoullis; base and final share their problems, so the error of the change is smaller still)."""
+    rows = [r for r in runs if r["method"] == method]
+    if not rows:
+        return None
+    out = []
+    for r in rows:
+        p0, p1, P = r["base"]["pass@1"], r["final"]["pass@1"], r["eval"]["problems"]
+        se = math.sqrt(max(p0 * (1 - p0), p1 * (1 - p1)) / P)
+        out.append({"seed": r["seed"], "change": p1 - p0, "two_se": 2 * se,
+                    "moved": "up" if p1 - p0 > 2 * se else "down" if p0 - p1 > 2 * se else "within noise"})
+    return out
 
 
 # ---- the whole run -----------------------------------------------------------------------------------------------------
@@ -702,7 +772,7 @@ def collect(args, typed):
     es_logs = {**{os.path.basename(folder): log for folder, log in es_runs}, **pop_logs}  # by folder: each run once
     s["diversity"] = claim_diversity(es_logs)
     s["temperature"] = question_temperature(runs, chosen)
-    s["llm"] = question_llm(args.llm_runs)
+    s["llm"], s["llm_tuning"] = question_llm(args.llm_runs)
     s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population")
                      for v in s[sec]["verdicts"]]
     s["compute_minutes"] = runs.compute_minutes()
@@ -829,11 +899,71 @@ def plots(s, figdir):
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, ncol=2)
     save(fig, "temperature.png")
+    if s.get("llm"):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for r in s["llm"]:
+            c = r["curve"]
+            for ax, j in zip(axes, (1, 2)):
+                ax.plot([p[0] for p in c], [p[j] for p in c], marker="o", color=f"C{LLM_METHODS.index(r['method'])}",
+                        linestyle="-" if r["seed"] == 0 else "--", label=f"{LABEL[r['method']]} seed {r['seed']}")
+        for ax, k in zip(axes, ("pass@1", "pass@16")):
+            ax.set_xlabel("sampled generations")
+            ax.set_ylabel(f"held-out {k} (T = 1)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        save(fig, "llm-curves.png")
     for key, m in s["sparsity"]["models"].items():
         for png in ("keep.png", "compress.png"):
             src = os.path.join(m["folder"], png)
             if os.path.exists(src):
                 shutil.copy(src, os.path.join(figdir, f"sparsity-{key}-{png}"))
+
+
+def llm_chosen(tuning, method):
+    """The selection rule, fixed before the runs: the highest val pass@1 after the equal-length short run; a tie goes
+    to the smaller step (alpha, or lr)."""
+    rows = [t for t in tuning if t["method"] == method]
+    step = "alpha" if method == "es" else "lr"
+    return min(rows, key=lambda t: (-t["score"], t["params"][step])) if rows else None
+
+
+def render_llm(runs, tuning, figures):
+    """RESULTS.md's section 8 from summary.json's llm and llm_tuning."""
+    fig = lambda f: f"![{f}]({figures}/{f})"
+    L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", "",
+         f"Task `{runs[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
+         "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
+         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step.", "",
+         "| method | settings | val pass@1 before -> after | generations | minutes |", "|---|---|---|---|---|"]
+    for t in tuning:
+        mark = " **(chosen)**" if t is llm_chosen(tuning, t["method"]) else ""
+        p = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in t["params"].items())
+        L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | "
+                 f"{t['generations']:,} | {t['wall_minutes']:.1f} |")
+    e = runs[0]["eval"]
+    K = max(int(k[5:]) for k in runs[0]["final"] if k.startswith("pass@"))
+    L += ["", f"Held-out: {e['problems']} {e['split']} problems x {e['n']} samples at T = 1. " + fig("llm-curves.png"),
+          "", f"| method | seed | iterations | generations | minutes | pass@1 | pass@16 | pass@{K} | token entropy | "
+          "answer entropy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        b, f = r["base"], r["final"]
+        L.append(f"| {LABEL[r['method']]} | {r['seed']} | {r['iterations']} | {r['generations']:,.0f} | "
+                 f"{r['wall_minutes']:.0f} | " + " | ".join(f"{b[k]:.3f} -> {f[k]:.3f}" if k in b else "-" for k in
+                 ("pass@1", "pass@16", f"pass@{K}", "token_entropy", "answer_entropy")) + " |")
+    L.append("")
+    for method in LLM_METHODS:
+        moved = llm_moved(runs, method)
+        if moved:
+            L.append(f"- {LABEL[method]} held-out pass@1: " + "; ".join(
+                f"seed {m['seed']} {m['change']:+.3f} ({m['moved']}; 2 SE {m['two_se']:.3f})" for m in moved) + ".")
+    mean = {m: {k: np.mean([r["final"].get(k, np.nan) for r in runs if r["method"] == m]) for k in ("pass@1", "pass@16")}
+            for m in ("es", "grpo") if any(r["method"] == m for r in runs)}
+    if len(mean) == 2:
+        gens = {m: sorted({round(r["generations"]) for r in runs if r["method"] == m}) for m in mean}
+        L.append(f"- At equal generations ({gens['es']} ES, {gens['grpo']} GRPO), mean over seeds: pass@1 ES "
+                 f"{mean['es']['pass@1']:.3f} vs GRPO {mean['grpo']['pass@1']:.3f}; pass@16 ES "
+                 f"{mean['es']['pass@16']:.3f} vs GRPO {mean['grpo']['pass@16']:.3f}.")
+    return L + [""]
 
 
 def render(s, doc, figures):
@@ -978,16 +1108,8 @@ def render(s, doc, figures):
     L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
           f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
           "(one seed: a direction, not a verdict).", ""]
-    if s["llm"]["rows"]:
-        L += ["## 8. A real LLM: SmolLM2-135M-Instruct, offline (one seed)", "",
-              "| | task | iterations | generations | minutes | pass@1 | pass@K | token entropy |", "|---|---|---|---|---|---|---|---|"]
-        for r in s["llm"]["rows"]:
-            K2 = r["K"]
-            L.append(f"| {r['name'].upper()} | {r['task']} | {r['iterations']} | {r['generations']:,} | "
-                     f"{r['minutes']:.1f} | {r['pass@1'][0]:.3f} -> {r['pass@1'][1]:.3f} | @{K2} "
-                     f"{r[f'pass@{K2}'][0]:.3f} -> {r[f'pass@{K2}'][1]:.3f} | {r['token_entropy'][0]:.3f} -> "
-                     f"{r['token_entropy'][1]:.3f} |")
-        L.append("")
+    if s.get("llm"):
+        L += render_llm(s["llm"], s.get("llm_tuning", []), figures)
     L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
     for v in s["verdicts"]:
         L.append(f"| {v['claim']} | {v['verdict']} | {fmt(v['difference'])} | {fmt(v['half_width'])} |")
@@ -1058,10 +1180,15 @@ def run(args):
         args = dataclasses.replace(args, **QUICK, out=out, doc=os.path.join(out, "RESULTS.md"))
     figdir = os.path.join(os.path.dirname(os.path.abspath(args.doc)), args.figures)
     path = os.path.join(figdir, "summary.json")
-    if args.render:
+    if args.render or args.llm:
         if not os.path.exists(path):
-            raise verify.UsageError(f"--render needs {path} (written by a full run)")
+            raise verify.UsageError(f"--{'render' if args.render else 'llm'} needs {path} (written by a full run)")
         s = json.load(open(path))
+        if args.llm:
+            s["llm"], s["llm_tuning"] = question_llm(args.llm_runs)
+            with open(path + ".tmp", "w") as f:
+                json.dump(s, f, indent=1)
+            os.replace(path + ".tmp", path)
     else:
         passk.check_writable(args.out)
         passk.check_writable(args.doc, "--doc", directory=False)

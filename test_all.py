@@ -281,6 +281,26 @@ def test_countdown_prompts():
     assert verify.get_task('math', MATH500).prompt({'problem': 'P'}).endswith('within \\boxed{}.')
 
 
+def test_task_option_system_sets_the_chat_templates_system_message_for_every_task():
+    class Tok:
+        chat_template = 'x'
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return ''.join(f"<{m['role']}>{m['content']}" for m in messages) + '<assistant>'
+
+    ex = {'numbers': [3, 5, 7], 'target': 22, 'question': 'Q?', 'problem': 'P', 'gold': '1'}
+    for name in ('countdown', 'gsm8k', 'math'):
+        default = verify.get_task(name).prompt(ex, Tok())
+        assert default.startswith('<user>') and '<system>' not in default  # the template's own default
+        empty = verify.get_task(f'{name}?system=').prompt(ex, Tok())
+        assert empty == '<system>' + default  # an empty system message, the rest unchanged
+        assert verify.get_task(f'{name}?system=Be brief.').prompt(ex, Tok()).startswith('<system>Be brief.<user>')
+        assert verify.get_task(f'{name}?system=').prompt(ex) == verify.get_task(name).prompt(ex)  # no template
+    assert verify.get_task('toy?system=,min_target=50').min_target == 50  # beside other options
+    with pytest.raises(verify.UsageError, match="no option 'sytem'"):
+        verify.get_task('toy?sytem=')
+
+
 def test_countdown_data_file(tmp_path):
     path = tmp_path / 'cd.jsonl'
     path.write_text('{"nums": [1, 2], "target": "-1"}\n{"numbers": [1, 2], "target": 0.5}\n')
@@ -2195,6 +2215,20 @@ def test_bench_quick_runs_every_part(tmp_path, capsys):
     assert "== bench: medians" in capsys.readouterr().out
 
 
+def test_bench_part_g_times_each_setting_and_the_bf16_noise_error(tmp_path):
+    records = bench.main(bench.Args(quick=True, parts="g", out=str(tmp_path / "bench"), threads=1))
+    timed = [r for r in records if "ratio" in r]
+    assert [r["name"].split(" vs ")[0] for r in timed] == ["bf16 weights", "1 thread", "2 threads", "batch 16",
+                                                           "batch 32", "empty system prompt"]
+    assert all(r["rows"] == 64 and r["ratio"] > 0 and r["median"] > 0 for r in timed)
+    noise = [r for r in records if "relative_l2_error" in r]
+    assert len(noise) == 1 and 0 < noise[0]["relative_l2_error"] < 1 and 0 < noise[0]["entries_lost"] < 1
+    master = {"w": torch.randn(64, 64) * 0.05}
+    assert bench.bf16_noise_error(master, sigma=1.0)[0] < 0.01  # a large perturbation survives bf16
+    rel, lost = bench.bf16_noise_error(master, sigma=1e-6)  # far below a bf16 ulp of 0.05: rounds away
+    assert lost > 0.9 and rel > 0.9
+
+
 def test_results_verdict_rule_and_half_width_on_constructed_numbers():
     v = results.verdict("up", [0.10, 0.12, 0.08, 0.11, 0.09])
     sd = math.sqrt(0.001 / 4)  # the deviations from 0.10 are 0, .02, -.02, .01, -.01
@@ -2294,9 +2328,47 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert (out / "RESULTS.md").read_text() == doc
     # a rerun reuses every run and evaluation; the real-LLM section reads logs of this shape
     cache = sorted(os.listdir(out / "cache"))
-    grpo.main(small_grpo(tmp_path, "llm/smollm2-grpo"))
+    grpo.main(small_grpo(tmp_path, "llm/grpo-seed0", eval_n=16))
+    es.main(small_es(tmp_path, "llm/es-seed1", seed=1, eval_n=16))
+    sequential.main(sequential.Args(schedule="grpo:1,es:1", eval_problems=4, eval_n=16, eval_every=0, threads=1,
+                                    max_new_tokens=10, out=str(llm / "grpo-es-seed0"),
+                                    es={"population": 4, "prompts": 16, "train_problems": 50},
+                                    grpo={"prompts": 4, "group": 4, "train_problems": 50, "micro_batch": 6}))
+    es.main(small_es(tmp_path, "llm/es-seed2", iterations=1))
+    lines = (llm / "es-seed2" / "log.jsonl").read_text().splitlines()
+    (llm / "es-seed2" / "log.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # no final evaluation: left out
+    for lr in (1e-3, 1e-4):
+        grpo.main(small_grpo(tmp_path, f"llm/tune/grpo-lr{lr}", lr=lr))
+    es.main(small_es(tmp_path, "llm/tune/es-a"))
     results.main(results.Args(quick=True, out=str(out), threads=1, llm_runs=str(llm)))
     assert sorted(os.listdir(out / "cache")) == cache
+    summary = json.load(open(out / "results" / "summary.json"))
+    runs = {(r["method"], r["seed"]): r for r in summary["llm"]}
+    assert set(runs) == {("grpo", 0), ("es", 1), ("grpo-es", 0)}
+    for r in runs.values():
+        assert set(r) >= {"method", "seed", "task", "iterations", "generations", "wall_minutes", "base", "final",
+                          "params"} and {"pass@1", "pass@16"} <= set(r["base"]) and r["iterations"] == 2
+    assert runs[("grpo", 0)]["generations"] == 2 * 4 * 4 and runs[("es", 1)]["generations"] == 2 * 4 * 16 * 2
+    assert runs[("grpo-es", 0)]["generations"] == 4 * 4 + 4 * 16 and runs[("grpo-es", 0)]["iterations"] == 2
+    assert [p[0] for p in runs[("grpo-es", 0)]["curve"]] == [0, 16, 80]  # generations before each evaluation
+    assert runs[("grpo-es", 0)]["params"]["schedule"] == "grpo:1,es:1" and runs[("es", 1)]["params"]["sigma"] == 0.05
+    assert runs[("grpo", 0)]["final"]["pass@1"] == results.evals(es.read_log(llm / "grpo-seed0" / "log.jsonl"))[-1][
+        "pass@1"]
+    tuning = summary["llm_tuning"]
+    assert sorted((t["method"], t["run"]) for t in tuning) == [("es", "es-a"), ("grpo", "grpo-lr0.0001"),
+                                                               ("grpo", "grpo-lr0.001")]
+    assert all(set(t) >= {"method", "params", "score"} for t in tuning)
+    best = results.llm_chosen(tuning, "grpo")
+    assert best["score"] == max(t["score"] for t in tuning if t["method"] == "grpo")
+    if len({t["score"] for t in tuning if t["method"] == "grpo"}) == 1:
+        assert best["params"]["lr"] == 1e-4  # a tie goes to the smaller step
     doc = (out / "RESULTS.md").read_text()
-    row = [x for x in doc.splitlines() if x.startswith("| GRPO | toy | 2 | 32 |")]
-    assert "## 8." in doc and len(row) == 1, doc.split("## 8.")[1]
+    section = doc.split("## 8.")[1]
+    assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
+    assert section.count("(chosen)") == 2 and "results/llm-curves.png" in section
+    assert (out / "results" / "llm-curves.png").stat().st_size > 1000
+    assert "ES held-out pass@1: seed 1" in section and "At equal generations" in section
+    # --llm: section 8 again from the logs alone (no other run), the same report
+    (out / "RESULTS.md").unlink()
+    results.main(results.Args(quick=True, llm=True, out=str(out), llm_runs=str(llm)))
+    assert (out / "RESULTS.md").read_text() == doc

@@ -598,11 +598,14 @@ def _field(row: dict, where: str, *names):
     raise UsageError(f"{where}: missing field '{names[0]}'")
 
 
-def _chat(text: str, tokenizer) -> str | None:
-    """The text wrapped in the tokenizer's chat template, or None when there is none."""
+def _chat(text: str, tokenizer, system: str | None = None) -> str | None:
+    """The text wrapped in the tokenizer's chat template, or None when there is none. system None leaves the
+    template's own default (SmolLM2's adds a 21-token system prompt to every row); a string, even '', is sent as the
+    system message."""
     if tokenizer is None or not getattr(tokenizer, 'chat_template', None):
         return None
-    return tokenizer.apply_chat_template([{'role': 'user', 'content': text}], tokenize=False,
+    system_turn = [] if system is None else [{'role': 'system', 'content': system}]
+    return tokenizer.apply_chat_template(system_turn + [{'role': 'user', 'content': text}], tokenize=False,
                                          add_generation_prompt=True)
 
 
@@ -615,6 +618,7 @@ class Task:
     default_data = None  # the bundled file a file-backed task reads when no --data is given
     format_bonus = 0.0   # reward of a well-formatted but wrong answer
     splits = ('train', 'test')  # toy4 adds 'val': tuning problems disjoint from both
+    system = None  # the chat template's system message (None: the template's default); option system=TEXT
 
     def __init__(self, data: str | None = None):
         data = data or self.default_data
@@ -689,7 +693,7 @@ class CountdownTask(Task):
                 'You can use basic arithmetic operations (+, -, *, /) and each number can only be used once. '
                 'Show your work in <think> </think> tags. And return the final answer in <answer> </answer> tags, '
                 'for example <answer> (1 + 2) / 3 </answer>.')
-        chat = _chat(text, tokenizer)
+        chat = _chat(text, tokenizer, self.system)
         if chat is not None:
             return chat + 'Let me solve this step by step.\n<think>'
         return ('A conversation between User and Assistant. The user asks a question, and the Assistant solves it. '
@@ -753,7 +757,7 @@ class Gsm8kTask(Task):
 
     def prompt(self, example, tokenizer=None):
         text = f"{example['question']}{_BOXED_INSTRUCTION}"
-        return _chat(text, tokenizer) or text
+        return _chat(text, tokenizer, self.system) or text
 
     def parts(self, completion, example):
         value = _gsm8k_number(completion) if isinstance(completion, str) else None
@@ -776,7 +780,7 @@ class MathTask(Task):
 
     def prompt(self, example, tokenizer=None):
         text = f"{example['problem']}{_BOXED_INSTRUCTION}"
-        return _chat(text, tokenizer) or text
+        return _chat(text, tokenizer, self.system) or text
 
     def parts(self, completion, example):
         boxed = extract_boxed(completion)
@@ -838,7 +842,7 @@ class ReasoningGymTask(Task):
             size *= 2
 
     def prompt(self, example, tokenizer=None):
-        return _chat(example['question'], tokenizer) or example['question']
+        return _chat(example['question'], tokenizer, self.system) or example['question']
 
     def _expression(self, completion):
         lines = [x.strip() for x in completion.strip().splitlines() if x.strip()] if isinstance(completion, str) else []
@@ -997,7 +1001,8 @@ def _option_value(text: str):
 
 
 def get_task(name: str, data: str | None = None) -> Task:
-    """A task by name, options after '?': 'toy', 'toy?min_target=100,max_target=729', 'rg:chain_sum?min_terms=2'."""
+    """A task by name, options after '?': 'toy', 'toy?min_target=100,max_target=729', 'rg:chain_sum?min_terms=2'.
+    Every task takes system=TEXT (the chat template's system message; 'system=' an empty one)."""
     base, _, text = name.partition('?')
     options = {}
     for item in filter(None, (x.strip() for x in text.split(','))):
@@ -1005,6 +1010,14 @@ def get_task(name: str, data: str | None = None) -> Task:
         if not eq or not key.strip():
             raise UsageError(f"task options are key=value pairs after '?', joined by commas; got {item!r} in {name!r}")
         options[key.strip()] = _option_value(value.strip())
+    system = options.pop('system', None)  # every task: the chat template's system message ('system=' sends '')
+    task = _task(base, data, options)
+    if system is not None:
+        task.system = str(system)
+    return task
+
+
+def _task(base: str, data: str | None, options: dict) -> Task:
     if base.startswith('rg:') and len(base) > 3:
         return ReasoningGymTask(base[3:], data, **options)
     if base not in TASKS:
