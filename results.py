@@ -36,6 +36,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -686,13 +687,7 @@ def llm_log(path):
         return None
     planned = sum(int(x.split(":")[1]) for x in cfg["schedule"].split(",")) if cfg["algo"] == "sequential" \
         else cfg["iterations"]
-    ev, train, gens = [], [], 0
-    for r in recs:
-        if r.get("type") == "train":
-            train.append(r)
-            gens = r["generations"]
-        elif r.get("type") == "eval":
-            ev.append({**r, "generations": gens})
+    ev, train = llm_log_evals(recs), [r for r in recs if r.get("type") == "train"]
     done = len(train) == planned and len(ev) >= 2 and ev[0]["generations"] == 0 and recs.index(train[-1]) < \
         max(i for i, r in enumerate(recs) if r.get("type") == "eval")
     return (cfg, ev, train) if done else None
@@ -701,7 +696,8 @@ def llm_log(path):
 def question_llm(folder):
     """docs/llm.md's SmolLM2 runs from their committed logs: FOLDER/tune/NAME/log.jsonl (short runs scored on the val
     split: {method, params, score}) and FOLDER/METHOD-seedS/log.jsonl (held-out runs), METHOD one of LLM_METHODS
-    (grpo-es: a sequential.py schedule). Unfinished runs are left out."""
+    (grpo-es: a sequential.py schedule, or es.py from a GRPO run's checkpoint-NNNNNN, whose generations, wall time
+    and evaluations up to that step count as the run's first part). Unfinished runs are left out."""
     tuning, runs = [], []
     tune_dir = os.path.join(folder, "tune")
     for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
@@ -717,12 +713,48 @@ def question_llm(folder):
         if not got:
             continue
         cfg, ev, train = got
+        start = llm_start(folder, cfg) if method == "grpo-es" and cfg["algo"] == "es" else None
+        before, prefix, wall = 0, [], 0.0  # what the GRPO run this ES run started from had done
+        if start:
+            src, step = start
+            before = next(r["generations"] for r in src if r.get("type") == "train" and r["iteration"] == step)
+            wall = next(r["wall"] for r in src if r.get("type") == "train" and r["iteration"] == step)
+            prefix = [e for e in llm_log_evals(src) if e["iteration"] < step]
+        ev_all = prefix + [{**e, "generations": before + e["generations"]} for e in ev]
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
-                     "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
+                     **({"grpo_steps": start[1]} if start else {}),
+                     "generations": before + train[-1]["generations"], "wall_minutes": (wall + train[-1]["wall"]) / 60,
                      "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
-                     "base": llm_point(ev[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
-                     "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev]})
+                     "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
+                     "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all]})
     return runs, tuning
+
+
+def llm_log_evals(recs):
+    """A log's evaluations, each with the generations sampled before it."""
+    out, gens = [], 0
+    for r in recs:
+        if r.get("type") == "train":
+            gens = r["generations"]
+        elif r.get("type") == "eval":
+            out.append({**r, "generations": gens})
+    return out
+
+
+def llm_start(folder, cfg):
+    """(log lines, step) of the GRPO run whose checkpoint-NNNNNN an es.py run started from (its --model), its log
+    read from FOLDER/RUN/ (committed beside) or from beside the checkpoint; None when it is not such a run."""
+    model = cfg["model"].rstrip("/")
+    m = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(model))
+    if not m:
+        return None
+    run = os.path.dirname(model)
+    for d in (os.path.join(folder, os.path.basename(run)), run):
+        if os.path.isfile(os.path.join(d, "log.jsonl")):
+            recs = es.read_log(os.path.join(d, "log.jsonl"))
+            if recs and recs[0].get("algo") == "grpo":
+                return recs, int(m.group(1))
+    return None
 
 
 def llm_moved(runs, method):

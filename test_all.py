@@ -2334,6 +2334,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
                                     max_new_tokens=10, out=str(llm / "grpo-es-seed0"),
                                     es={"population": 4, "prompts": 16, "train_problems": 50},
                                     grpo={"prompts": 4, "group": 4, "train_problems": 50, "micro_batch": 6}))
+    es.main(small_es(tmp_path, "llm/grpo-es-seed1", model=str(llm / "grpo-seed0" / "checkpoint-000002"), eval_n=16))
     es.main(small_es(tmp_path, "llm/es-seed2", iterations=1))
     lines = (llm / "es-seed2" / "log.jsonl").read_text().splitlines()
     (llm / "es-seed2" / "log.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # no final evaluation: left out
@@ -2344,7 +2345,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert sorted(os.listdir(out / "cache")) == cache
     summary = json.load(open(out / "results" / "summary.json"))
     runs = {(r["method"], r["seed"]): r for r in summary["llm"]}
-    assert set(runs) == {("grpo", 0), ("es", 1), ("grpo-es", 0)}
+    assert set(runs) == {("grpo", 0), ("es", 1), ("grpo-es", 0), ("grpo-es", 1)}
     for r in runs.values():
         assert set(r) >= {"method", "seed", "task", "iterations", "generations", "wall_minutes", "base", "final",
                           "params"} and {"pass@1", "pass@16"} <= set(r["base"]) and r["iterations"] == 2
@@ -2352,6 +2353,9 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert runs[("grpo-es", 0)]["generations"] == 4 * 4 + 4 * 16 and runs[("grpo-es", 0)]["iterations"] == 2
     assert [p[0] for p in runs[("grpo-es", 0)]["curve"]] == [0, 16, 80]  # generations before each evaluation
     assert runs[("grpo-es", 0)]["params"]["schedule"] == "grpo:1,es:1" and runs[("es", 1)]["params"]["sigma"] == 0.05
+    from_ckpt = runs[("grpo-es", 1)]  # es.py from GRPO's checkpoint: GRPO's generations and evaluations come first
+    assert from_ckpt["generations"] == 32 + 2 * 4 * 16 * 2 and from_ckpt["grpo_steps"] == 2
+    assert from_ckpt["base"] == runs[("grpo", 0)]["base"] and [p[0] for p in from_ckpt["curve"]] == [0, 32, 288]
     assert runs[("grpo", 0)]["final"]["pass@1"] == results.evals(es.read_log(llm / "grpo-seed0" / "log.jsonl"))[-1][
         "pass@1"]
     tuning = summary["llm_tuning"]
