@@ -561,11 +561,14 @@ def part_g(ctx):
     tok, undo = fixed_length(ctx.model, ctx.tok)
     bf16 = None
 
-    def rows_once(model=ctx.model, t=task, batch=rows, n_threads=threads):
+    # the N*P prompts, templated once (outside the timed calls), with the template's system prompt and without
+    prompts, bare_prompts = ([t.prompt(ex, ctx.tok) for ex in examples] * ctx.populations[0] for t in (task, bare))
+
+    def rows_once(model=ctx.model, texts=prompts, batch=rows, n_threads=threads):
         torch.set_num_threads(n_threads)
         try:
-            passk.sample(model, tok, [t.prompt(ex, ctx.tok) for ex in examples] * ctx.populations[0], n=1,
-                         temperature=0, max_new_tokens=args.new_tokens, batch_size=batch, entropy=False)
+            passk.sample(model, tok, texts, n=1, temperature=0, max_new_tokens=args.new_tokens, batch_size=batch,
+                         entropy=False)
         finally:
             torch.set_num_threads(threads)
     try:
@@ -575,7 +578,7 @@ def part_g(ctx):
         settings = [("bf16 weights", dict(model=bf16)), ("1 thread", dict(n_threads=1)),
                     ("2 threads", dict(n_threads=2)), (f"batch {max(1, rows // 4)}", dict(batch=max(1, rows // 4))),
                     (f"batch {max(1, rows // 2)}", dict(batch=max(1, rows // 2))),
-                    ("empty system prompt", dict(t=bare))]
+                    ("empty system prompt", dict(texts=bare_prompts))]
         for name, kw in settings:
             r = paired(lambda kw=kw: rows_once(**kw), rows_once, args.repeats)
             record(ctx, "g", f"{name} vs fp32, {threads} thread(s), {rows} rows in one batch, the template's system "

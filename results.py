@@ -717,8 +717,8 @@ def question_llm(folder):
         before, prefix, wall = 0, [], 0.0  # what the GRPO run this ES run started from had done
         if start:
             src, step = start
-            before = next(r["generations"] for r in src if r.get("type") == "train" and r["iteration"] == step)
-            wall = next(r["wall"] for r in src if r.get("type") == "train" and r["iteration"] == step)
+            at = next(r for r in src if r.get("type") == "train" and r["iteration"] == step)
+            before, wall = at["generations"], at["wall"]
             prefix = [e for e in llm_log_evals(src) if e["iteration"] < step]
         ev_all = prefix + [{**e, "generations": before + e["generations"]} for e in ev]
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
@@ -967,8 +967,9 @@ def render_llm(runs, tuning, figures):
          "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
          "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step.", "",
          "| method | settings | val pass@1 before -> after | generations | minutes |", "|---|---|---|---|---|"]
+    chosen = [llm_chosen(tuning, m) for m in LLM_METHODS]
     for t in tuning:
-        mark = " **(chosen)**" if t is llm_chosen(tuning, t["method"]) else ""
+        mark = " **(chosen)**" if any(t is c for c in chosen) else ""
         p = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in t["params"].items())
         L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | "
                  f"{t['generations']:,} | {t['wall_minutes']:.1f} |")
