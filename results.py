@@ -727,7 +727,8 @@ def question_llm(folder):
                      "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
                      "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
                      "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all]})
-    return runs, tuning
+    grid = lambda t: (t["method"], *(t["params"].get(k, 0) for k in ("sigma", "alpha", "lr")))  # noqa: E731
+    return runs, sorted(tuning, key=grid)  # a grid reads in order of its values, not of its folder names
 
 
 def llm_log_evals(recs):
