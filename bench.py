@@ -91,11 +91,17 @@ def timed(fn):
 
 
 def paired(candidate, bound, repeats):
-    """Median and spread of each, measured alternately; the ratio of the medians."""
+    """Median and spread of each, measured alternately, the order swapped every repeat (bound first, then candidate
+    first: whatever the first of a pair pays, such as memory the other one freed, falls on both); the ratio of the
+    medians."""
     c, b = [], []
-    for _ in range(repeats):
-        b.append(timed(bound))
-        c.append(timed(candidate))
+    for i in range(repeats):
+        if i % 2:
+            c.append(timed(candidate))
+            b.append(timed(bound))
+        else:
+            b.append(timed(bound))
+            c.append(timed(candidate))
     return {"median": statistics.median(c), "min": min(c), "max": max(c), "bound_median": statistics.median(b),
             "bound_min": min(b), "bound_max": max(b), "ratio": statistics.median(c) / statistics.median(b),
             "ratios": [x / y for x, y in zip(c, b)]}

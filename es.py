@@ -177,7 +177,7 @@ class MemberRows:
     Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
-    affine in its weight). The shared x W^T is computed once for all rows; a Linear's per-row term takes each row's own
+    affine in its weight; an RMSNorm's, w * x-hat, is one multiply by 1 + sigma * eps_n / w). The shared x W^T is computed once for all rows; a Linear's per-row term takes each row's own
     member's factors and adds (x . b_r) a_r for r < R with elementwise ops over the whole batch: O(R) work per row and
     token whatever the population, and a fixed number of kernel launches per module (a loop over runs of one member's
     rows cost 2 launches per member, which on a small model is most of a decode step). Each row's factors, bias and
@@ -202,19 +202,20 @@ class MemberRows:
                                  .contiguous().to(dtype), torch.cat([b for _, b in ab], 1).to(dtype))
             else:
                 vectors[name] = torch.stack([noise(args.seed, t, k, name, master[name]) * (sign * args.sigma)
-                                             for k, sign in signs]).to(dtype)
+                                             for k, sign in signs])  # fp32: a norm's factor 1 + eps / w needs it
         for mod_name, module in model.named_modules():
             mine = {pn: name_of[id(p)] for pn, p in module.named_parameters(recurse=False) if id(p) in name_of}
             if not mine:
                 continue
             if isinstance(module, torch.nn.Linear):
                 ab = self._by_member(factors.get(mine.get("weight")))
+                bias = vectors.get(mine.get("bias"))
                 hook = self._linear(None if ab is None else (self._rows(ab[0]), self._rows(ab[1])),
-                                    self._rows(vectors.get(mine.get("bias"))))
+                                    None if bias is None else self._rows(bias.to(dtype)))
             elif isinstance(module, torch.nn.Embedding):
                 hook = self._embedding(*factors[mine["weight"]])
             elif all(p.dim() == 1 for p in module.parameters(recurse=False)):
-                hook = self._norm(module, {pn: self._rows(vectors[name]) for pn, name in mine.items()})
+                hook = self._norm(module, {pn: vectors[name] for pn, name in mine.items()}, dtype)
             else:
                 raise verify.UsageError(f"--noise lowrank cannot perturb {mod_name} ({type(module).__name__}) per row; "
                                         f"use --noise full or leave it out with --params")
@@ -259,17 +260,23 @@ class MemberRows:
 
     def _embedding(self, a_t, b_all):
         a_all = a_t.T.reshape(a_t.shape[1], self.M, self.R)  # [V, M, R] (scaled)
-        b_all = b_all.view(b_all.shape[0], self.M, self.R).permute(1, 2, 0)  # [M, R, H]
+        b_rows = self._rows(b_all.view(b_all.shape[0], self.M, self.R).permute(1, 2, 0).contiguous())  # [B, R, H]
 
         def hook(module, inputs, out):
             a = a_all[inputs[0], self.member.unsqueeze(1)]  # [B, T, R]: token rows of each row's member
-            return out.add_(a @ b_all[self.member])
+            for r in range(self.R):  # out += A[ids, r] b_r, row by row: [B, T, 1] * [B, 1, H]
+                out.addcmul_(a[..., r:r + 1], b_rows[0][:, r:r + 1])
+            return out
         return hook
 
-    def _norm(self, module, eps_rows):
+    def _norm(self, module, eps, dtype):
+        """eps: {weight name: sigma * eps_m [M, dim] (fp32)}. out is affine in each weight, so a member's term is
+        eps_m * (f(x; w=1) - f(x; w=0)); for out = w * x-hat (RMSNorm) that is out * (eps_m / w), and the hook is one
+        multiply, out *= 1 + eps_m / w, its factor gathered per row in set_rows (kept in fp32, where bf16 would round
+        1 + 1e-3 to 1)."""
         import copy
-        units = {}  # the module with one weight set to 1 and to 0: out is affine in it, so their difference is
-        for pn in eps_rows:  # d out / d w along ones (x-hat for an RMSNorm w * x-hat)
+        units = {}  # per weight: ("scale", factor rows) or ("unit", module with w = 1, module with w = 0 or None)
+        for pn, table in eps.items():
             one, zero = copy.deepcopy(module), copy.deepcopy(module)
             one._forward_hooks.clear()
             zero._forward_hooks.clear()
@@ -278,19 +285,18 @@ class MemberRows:
                 getattr(zero, pn).zero_()
             probe = torch.randn(2, 3, getattr(module, pn).shape[0], dtype=getattr(module, pn).dtype)
             with torch.no_grad():
-                linear = len(eps_rows) == 1 and bool((zero(probe) == 0).all())  # out = w * x-hat, as RMSNorm
-                weight = getattr(module, pn)
-                # out / w is x-hat (to an ulp) at the cost of one op, where no weight is exactly 0
-                units[pn] = ("divide", weight) if linear and bool((weight != 0).all()) else \
-                    ("unit", one, None if linear else zero)
+                linear = len(eps) == 1 and bool((zero(probe) == 0).all())  # out = w * x-hat, as RMSNorm
+                weight = getattr(module, pn).detach().float()
+                units[pn] = ("scale", self._rows(1 + table / weight)) if linear and bool((weight != 0).all()) else \
+                    ("unit", self._rows(table.to(dtype)), one, None if linear else zero)
 
         def hook(module, inputs, out):
-            for pn, unit in units.items():
-                if unit[0] == "divide":
-                    direction = out / unit[1]
+            for unit in units.values():
+                if unit[0] == "scale":
+                    out = out.mul_(unit[1][0])
                 else:
-                    direction = unit[1](inputs[0]) if unit[2] is None else unit[1](inputs[0]) - unit[2](inputs[0])
-                out = out.addcmul_(eps_rows[pn][0], direction)
+                    direction = unit[2](inputs[0]) if unit[3] is None else unit[2](inputs[0]) - unit[3](inputs[0])
+                    out = out.addcmul_(unit[1][0], direction)
             return out
         return hook
 

@@ -100,6 +100,23 @@ def test_countdown_reward(completion, numbers, target, expected):
     assert time.time() - start < 5  # a hang guard, not a benchmark
 
 
+@pytest.mark.parametrize('name', ['countdown', 'toy', 'toy4'])
+def test_judge_equals_reward_parts_and_answer(name):
+    """judge parses once; it must say what reward, parts and answer say one by one, on every completion above, on
+    the toy tasks' own shapes, and on mutations of their solutions."""
+    task = verify.get_task(name)
+    cases = [(c, {'numbers': n, 'target': t}) for c, n, t, _ in COUNTDOWN]
+    for ex in task.examples('train', 30, seed=5):
+        sol = ex.get('solution') or verify.toy_solutions(ex['numbers'], ex['target'])[0]
+        for text in (sol, sol + '\nmore', sol.replace('+', '-'), sol + '+1', '(' + sol, ' ' + sol + ' ', ''):
+            cases.append((A.format(text) if name == 'countdown' else text, ex))
+    assert len(cases) > 200
+    for completion, ex in cases:
+        expect = (task.reward(completion, ex), task.parts(completion, ex), task.answer(completion, ex))
+        assert task.judge(completion, ex) == expect, (completion, ex)
+    assert {task.judge(c, ex)[2] is None for c, ex in cases} == {True, False}  # both kinds of answer occur
+
+
 @pytest.mark.parametrize('expr,numbers,target,expected', [
     ('(1+2)*3', [1, 2, 3], 9, (True, True)), ('((1)+2)*3', [3, 2, 1], '9', (True, True)),
     ('1+2', [1, 2], 9, (True, False)), ('1/0', [1, 0], 1, (True, False)), ('1+2', [1, 2], 'three', (True, False)),
@@ -1088,6 +1105,26 @@ def test_lowrank_member_in_the_batch_equals_the_member_alone(toy_model, temperat
         alone_texts.append(alone.texts)
     assert alone_texts[0] != alone_texts[1] and alone_texts[0] != alone_texts[2]  # members really differ
     assert passk.sample(model, tok, prompts, **kw).texts != alone_texts[0]  # and differ from the unperturbed model
+
+
+def test_lowrank_rows_in_bf16_follow_the_fp32_rows(toy_model):
+    """bf16 working weights with the fp32 master: each row's member term (Linear, bias, RMSNorm multiply, tied
+    embedding) moves the logits as it does in fp32, to bf16's precision."""
+    m32 = copy.deepcopy(toy_model[0])
+    m16 = copy.deepcopy(m32).to(torch.bfloat16)
+    master = {k: p.detach().float().clone() for k, p in m32.named_parameters()}
+    args = es.Args(noise="lowrank", rank=2, sigma=0.05, seed=1, population=4)
+    ids = torch.randint(2, m32.config.vocab_size, (8, 12), generator=torch.Generator().manual_seed(0))
+    deltas = []
+    for model in (m32, m16):
+        with torch.no_grad():
+            base = model(ids).logits.float()
+            rows = es.MemberRows(model, dict(model.named_parameters()), master, [0, 1, 2, 3], args, t=0)
+            rows.set_rows(torch.arange(8) % 4)
+            deltas.append(model(ids).logits.float() - base)
+            rows.close()
+    assert deltas[0].norm() > 0.1 * float(ids.numel()) ** 0.5  # the members really move the logits
+    assert float((deltas[1] - deltas[0]).norm() / deltas[0].norm()) < 0.15
 
 
 def test_lowrank_update_equals_brute_force():

@@ -709,6 +709,14 @@ class CountdownTask(Task):
         text = extract_answer_tag(completion)
         return re.sub(r'\s', '', text) if text is not None and _parse_arith(text) is not None else None
 
+    def judge(self, completion, example):
+        """parts and answer from one parse: check_expression's well_formed is _parse_arith(text) is not None."""
+        text = extract_answer_tag(completion)
+        well_formed, correct = (check_expression(text, example['numbers'], example['target']) if text is not None
+                                else (False, False))
+        parts = {'format': float(text is not None), 'answer': float(correct)}
+        return self.reward_from(parts), parts, re.sub(r'\s', '', text) if well_formed else None
+
 
 _NUM_IN_TEXT = re.compile(r'(?:(?<![\w.)])-)?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:/[0-9]+)?')
 
@@ -944,6 +952,13 @@ class ToyTask(Task):
     def answer(self, completion, example):
         text = self._expression(completion)
         return re.sub(r'\s', '', text) if _parse_arith(text) is not None else None
+
+    def judge(self, completion, example):
+        """parts and answer from one parse (ES scores every member's completion of every prompt with it)."""
+        text = self._expression(completion)
+        well_formed, correct = check_expression(text, example['numbers'], example['target'])
+        parts = {'format': float(well_formed), 'answer': float(correct)}
+        return self.reward_from(parts), parts, re.sub(r'\s', '', text) if well_formed else None
 
 
 # ---- The toy4 task, the headroom setting (toy.py reproduces its distribution and split; test_all.py checks that) -
