@@ -92,8 +92,8 @@ def timed(fn):
 
 def paired(candidate, bound, repeats):
     """Median and spread of each, measured alternately, the order swapped every repeat (bound first, then candidate
-    first: whatever the first of a pair pays, such as memory the other one freed, falls on both); the ratio of the
-    medians."""
+    first: with an even number of repeats, whatever the first of a pair pays, such as memory the other one freed,
+    falls on both equally); the ratio of the medians."""
     c, b = [], []
     for i in range(repeats):
         if i % 2:

@@ -177,11 +177,11 @@ class MemberRows:
     Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
     sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
     output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
-    affine in its weight; an RMSNorm's, w * x-hat, is one multiply by 1 + sigma * eps_n / w). The shared x W^T is computed once for all rows; a Linear's per-row term takes each row's own
-    member's factors and adds (x . b_r) a_r for r < R with elementwise ops over the whole batch: O(R) work per row and
-    token whatever the population, and a fixed number of kernel launches per module (a loop over runs of one member's
-    rows cost 2 launches per member, which on a small model is most of a decode step). Each row's factors, bias and
-    norm vectors are gathered once per batch, in set_rows (at the start and when finished rows leave the batch), not
+    affine in its weight; an RMSNorm's, w * x-hat, is one multiply by 1 + sigma * eps_n / w). The shared x W^T is
+    computed once for all rows; a Linear's per-row term takes each row's own member's factors and adds (x . b_r) a_r
+    for r < R with elementwise ops over the whole batch: O(R) work per row and token whatever the population, and a
+    fixed number of kernel launches per module (a loop over runs of one member's rows cost 2 launches per member,
+    which on a small model is most of a decode step). Each row's factors, bias and norm vectors are gathered once per batch, in set_rows (at the start and when finished rows leave the batch), not
     at every decode step: that costs [B, R * sum(in + out)] floats for all modules together (about 40 M for
     SmolLM2-135M at 128 rows, 1.2 G for a 1.5B model at 512 rows in bf16), and saves an index_select per module and
     token (measured: 5-8% of a decode step on SmolLM2's layers). Working weights stay equal to the master.
@@ -272,10 +272,10 @@ class MemberRows:
     def _norm(self, module, eps, dtype):
         """eps: {weight name: sigma * eps_m [M, dim] (fp32)}. out is affine in each weight, so a member's term is
         eps_m * (f(x; w=1) - f(x; w=0)); for out = w * x-hat (RMSNorm) that is out * (eps_m / w), and the hook is one
-        multiply, out *= 1 + eps_m / w, its factor gathered per row in set_rows (kept in fp32, where bf16 would round
-        1 + 1e-3 to 1)."""
+        multiply, out *= 1 + eps_m / w, its factor gathered per row in set_rows. The factor stays fp32 (in bf16
+        1 + 1e-3 is 1); the product is still rounded to the working dtype, as any bf16 activation is."""
         import copy
-        units = {}  # per weight: ("scale", factor rows) or ("unit", module with w = 1, module with w = 0 or None)
+        units = {}  # per weight: ("scale", factor rows) or ("unit", eps rows, module with w = 1, with w = 0 or None)
         for pn, table in eps.items():
             one, zero = copy.deepcopy(module), copy.deepcopy(module)
             one._forward_hooks.clear()
@@ -283,7 +283,8 @@ class MemberRows:
             with torch.no_grad():
                 getattr(one, pn).fill_(1.0)
                 getattr(zero, pn).zero_()
-            probe = torch.randn(2, 3, getattr(module, pn).shape[0], dtype=getattr(module, pn).dtype)
+            w = getattr(module, pn)
+            probe = torch.randn(2, 3, w.shape[0], dtype=w.dtype, device=w.device)
             with torch.no_grad():
                 linear = len(eps) == 1 and bool((zero(probe) == 0).all())  # out = w * x-hat, as RMSNorm
                 weight = getattr(module, pn).detach().float()

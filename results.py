@@ -954,10 +954,12 @@ def plots(s, figdir):
 
 def llm_chosen(tuning, method):
     """The selection rule, fixed before the runs: the highest val pass@1 after the equal-length short run; a tie goes
-    to the smaller step (alpha, or lr)."""
+    to the smaller step (alpha, or lr), then to the smaller sigma. Scores tie when they agree to 6 places (the same
+    count of solved samples can differ in its last float bits: 38/256 as 0.1484375 and 0.14843749999999997)."""
     rows = [t for t in tuning if t["method"] == method]
     step = "alpha" if method == "es" else "lr"
-    return min(rows, key=lambda t: (-t["score"], t["params"][step])) if rows else None
+    return min(rows, key=lambda t: (-round(t["score"], 6), t["params"][step], t["params"].get("sigma", 0))) \
+        if rows else None
 
 
 def render_llm(runs, tuning, figures):

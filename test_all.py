@@ -110,6 +110,7 @@ def test_judge_equals_reward_parts_and_answer(name):
         sol = ex.get('solution') or verify.toy_solutions(ex['numbers'], ex['target'])[0]
         for text in (sol, sol + '\nmore', sol.replace('+', '-'), sol + '+1', '(' + sol, ' ' + sol + ' ', ''):
             cases.append((A.format(text) if name == 'countdown' else text, ex))
+        cases.append((None, ex))  # not a string: no answer, no reward
     assert len(cases) > 200
     for completion, ex in cases:
         expect = (task.reward(completion, ex), task.parts(completion, ex), task.answer(completion, ex))
@@ -1108,8 +1109,10 @@ def test_lowrank_member_in_the_batch_equals_the_member_alone(toy_model, temperat
 
 
 def test_lowrank_rows_in_bf16_follow_the_fp32_rows(toy_model):
-    """bf16 working weights with the fp32 master: each row's member term (Linear, bias, RMSNorm multiply, tied
-    embedding) moves the logits as it does in fp32, to bf16's precision."""
+    """bf16 working weights with the fp32 master: the per-row terms (Linear, bias, RMSNorm multiply, tied embedding)
+    run in bf16 and move the logits as they do in fp32, to bf16's precision; each RMSNorm's factor 1 + sigma*eps/w
+    stays fp32 (in bf16 it would round to 1 at a real model's sigma). That the terms are right is the exactness
+    test's (a member in the batch equals the member alone, in fp32)."""
     m32 = copy.deepcopy(toy_model[0])
     m16 = copy.deepcopy(m32).to(torch.bfloat16)
     master = {k: p.detach().float().clone() for k, p in m32.named_parameters()}
@@ -1123,6 +1126,8 @@ def test_lowrank_rows_in_bf16_follow_the_fp32_rows(toy_model):
             rows.set_rows(torch.arange(8) % 4)
             deltas.append(model(ids).logits.float() - base)
             rows.close()
+        norms = sum(1 for n, _ in model.named_parameters() if "norm" in n)
+        assert sum(t.dtype == torch.float32 for _, t in rows.per_row) == (len(rows.per_row) if model is m32 else norms)
     assert deltas[0].norm() > 0.1 * float(ids.numel()) ** 0.5  # the members really move the logits
     assert float((deltas[1] - deltas[0]).norm() / deltas[0].norm()) < 0.15
 
@@ -2403,6 +2408,9 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert best["score"] == max(t["score"] for t in tuning if t["method"] == "grpo")
     if len({t["score"] for t in tuning if t["method"] == "grpo"}) == 1:
         assert best["params"]["lr"] == 1e-4  # a tie goes to the smaller step
+    tie = [{"method": "es", "score": s, "params": {"sigma": sg, "alpha": a}}
+           for s, sg, a in ((0.14843749999999997, 3e-3, 1.25e-4), (0.1484375, 3e-3, 2e-3), (0.1484375, 1e-3, 1.25e-4))]
+    assert results.llm_chosen(tie, "es") is tie[2]  # float noise is a tie: the smaller step, then the smaller sigma
     doc = (out / "RESULTS.md").read_text()
     section = doc.split("## 8.")[1]
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
