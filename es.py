@@ -175,16 +175,17 @@ class MemberRows:
     """Member n's perturbation applied to the rows of one batched generation that belong to member n.
 
     Forward hooks add, for every row, its member's term to the output of each module it perturbs: a Linear gets
-    sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a tied
-    output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output is
-    affine in its weight; an RMSNorm's, w * x-hat, is one multiply by 1 + sigma * eps_n / w). The shared x W^T is
+    sigma/sqrt(R) * (x B_n) A_n^T (+ sigma * eps_n for its bias), an Embedding sigma/sqrt(R) * A_n[ids] B_n^T (a
+    tied output head reuses the same A, B), an elementwise norm sigma * eps_n * (f(x; w=1) - f(x; w=0)) (its output
+    is affine in its weight; an RMSNorm's, w * x-hat, is one multiply by 1 + sigma * eps_n / w). The shared x W^T is
     computed once for all rows; a Linear's per-row term takes each row's own member's factors and adds (x . b_r) a_r
     for r < R with elementwise ops over the whole batch: O(R) work per row and token whatever the population, and a
     fixed number of kernel launches per module (a loop over runs of one member's rows cost 2 launches per member,
-    which on a small model is most of a decode step). Each row's factors, bias and norm vectors are gathered once per batch, in set_rows (at the start and when finished rows leave the batch), not
-    at every decode step: that costs [B, R * sum(in + out)] floats for all modules together (about 40 M for
-    SmolLM2-135M at 128 rows, 1.2 G for a 1.5B model at 512 rows in bf16), and saves an index_select per module and
-    token (measured: 5-8% of a decode step on SmolLM2's layers). Working weights stay equal to the master.
+    which on a small model is most of a decode step). Each row's factors, bias and norm vectors are gathered once
+    per batch, in set_rows (at the start and when finished rows leave the batch), not at every decode step: that
+    costs [B, R * sum(in + out)] floats for all modules together (about 40 M for SmolLM2-135M at 128 rows, 1.2 G for
+    a 1.5B model at 512 rows in bf16), and saves an index_select per module and token (measured: 5-8% of a decode
+    step on SmolLM2's layers). Working weights stay equal to the master.
     """
 
     def __init__(self, model, params, master, members, args, t):
@@ -287,7 +288,7 @@ class MemberRows:
             probe = torch.randn(2, 3, w.shape[0], dtype=w.dtype, device=w.device)
             with torch.no_grad():
                 linear = len(eps) == 1 and bool((zero(probe) == 0).all())  # out = w * x-hat, as RMSNorm
-                weight = getattr(module, pn).detach().float()
+                weight = w.detach().float()
                 units[pn] = ("scale", self._rows(1 + table / weight)) if linear and bool((weight != 0).all()) else \
                     ("unit", self._rows(table.to(dtype)), one, None if linear else zero)
 
