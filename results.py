@@ -954,12 +954,15 @@ def plots(s, figdir):
 
 def llm_chosen(tuning, method):
     """The selection rule, fixed before the runs: the highest val pass@1 after the equal-length short run; a tie goes
-    to the smaller step (alpha, or lr), then to the smaller sigma. Scores tie when they agree to 6 places (the same
-    count of solved samples can differ in its last float bits: 38/256 as 0.1484375 and 0.14843749999999997)."""
+    to the smaller step (alpha, or lr), then to the smaller sigma. Scores within 1e-6 of the best tie with it (the
+    same count of solved samples can differ in its last float bits: 38/256 as 0.1484375 and 0.14843749999999997,
+    which rounding to 6 places would split, as 0.148438 and 0.148437; distinct counts differ by 1/samples)."""
     rows = [t for t in tuning if t["method"] == method]
-    step = "alpha" if method == "es" else "lr"
-    return min(rows, key=lambda t: (-round(t["score"], 6), t["params"][step], t["params"].get("sigma", 0))) \
-        if rows else None
+    if not rows:
+        return None
+    step, best = "alpha" if method == "es" else "lr", max(t["score"] for t in rows)
+    return min((t for t in rows if t["score"] > best - 1e-6), key=lambda t: (t["params"][step],
+                                                                            t["params"].get("sigma", 0)))
 
 
 def render_llm(runs, tuning, figures):

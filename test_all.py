@@ -2409,8 +2409,9 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     if len({t["score"] for t in tuning if t["method"] == "grpo"}) == 1:
         assert best["params"]["lr"] == 1e-4  # a tie goes to the smaller step
     tie = [{"method": "es", "score": s, "params": {"sigma": sg, "alpha": a}}
-           for s, sg, a in ((0.14843749999999997, 3e-3, 1.25e-4), (0.1484375, 3e-3, 2e-3), (0.1484375, 1e-3, 1.25e-4))]
-    assert results.llm_chosen(tie, "es") is tie[2]  # float noise is a tie: the smaller step, then the smaller sigma
+           for s, sg, a in ((0.1484375, 3e-3, 1.25e-4), (0.1484375, 3e-3, 2e-3), (0.14843749999999997, 1e-3, 1.25e-4))]
+    # float noise is a tie (else tie[0] wins on score), then the smaller step, then the smaller sigma (else tie[0])
+    assert results.llm_chosen(tie, "es") is tie[2]
     doc = (out / "RESULTS.md").read_text()
     section = doc.split("## 8.")[1]
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
