@@ -84,7 +84,7 @@ class Args:
     threads: int = 0
     """torch CPU threads (0: torch's default); in [0, inf)"""
     dtype: str = "fp32"
-    """working weights of the bench's model (fp32, bf16); es.py's master stays fp32 either way"""
+    """working weights of the bench's model (fp32, bf16); es.py's fp32 master is a copy of them"""
     noises: str = "full,lowrank"
     """b: comma list of the noises whose population scoring part b times (full, lowrank)"""
     device: str = ""
@@ -453,7 +453,7 @@ def part_d(ctx):
     for job in ("es-full", "es-lowrank", "grpo"):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", job, "--model", args.model, "--prompts",
                str(args.prompts), "--batch-size", str(args.batch_size), "--threads", str(args.threads),
-               "--device", args.device]
+               "--device", args.device, "--dtype", args.dtype]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if r.returncode:
             raise RuntimeError(f"memory worker {job} failed: {r.stderr.strip().splitlines()[-1:]}")
@@ -661,8 +661,12 @@ class VllmEngine:
 
     def generate(self, ids):
         """Greedy completions of the token-id lists, and the engine's own seconds for the call."""
-        self.proc.stdin.write(json.dumps(ids) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(ids) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the engine has died (a broken pipe)
+            raise verify.UsageError(f"vLLM's engine (--vllm-python) exited with code {self.proc.wait()}; its output "
+                                    f"is in {self.log}") from None
         r = self._read()
         return r["ids"], r["seconds"]
 

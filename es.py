@@ -603,7 +603,10 @@ def replay(args):
     if os.path.exists(args.out) and os.listdir(args.out):
         raise verify.UsageError(f"--out {args.out} is not empty; --replay writes a new model folder")
     passk.check_writable(args.out)
-    device = passk.check_device(args.device)
+    device = passk.check_device(args.device or config.get("device_type", ""))
+    if torch.device(device).type != config.get("device_type"):  # the noise streams differ between CPU and CUDA
+        raise verify.UsageError(f"--replay: {args.replay} was trained on {config.get('device_type')}; replay it on "
+                                f"that device type (--device {config.get('device_type')})")
     base = args.model if args.model != Args.model else run.model
     model, tok = passk.load_model(base, "fp32", device)
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
@@ -680,7 +683,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         if start_it == 0:
             open(log_path, "w").write(json.dumps({"type": "config", "algo": "es", **dataclasses.asdict(args),
                                                   "trained_params": sum(p.numel() for p in params.values()),
-                                                  "base_digest": weights_digest(init)}) + "\n")
+                                                  "base_digest": weights_digest(init),
+                                                  "device_type": torch.device(device).type}) + "\n")
         else:  # drop lines logged after the checkpoint we resume from: they are about to be redone
             with open(log_path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in read_log(log_path) if r.get("iteration", 0) <= start_it)

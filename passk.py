@@ -272,13 +272,15 @@ class Decoder:
         """A Decoder for the model, or None (the sampler then steps transformers' forward with its own cache)."""
         cfg, inner = getattr(model, "config", None), getattr(model, "model", None)
         if (getattr(cfg, "model_type", None) not in cls.KINDS or inner is None or not hasattr(model, "lm_head")
+                or getattr(cfg, "_attn_implementation", None) != "sdpa"  # the attention Decoder calls
                 or any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
                 or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))):
             return None
         return cls(model)
 
     def __init__(self, model):
-        self.model, self.inner = model, model.model
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        self.model, self.inner, self.attend = model, model.model, sdpa_attention_forward
         attn = self.inner.layers[0].self_attn
         self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.D, self.scale, self.qk_norm = attn.head_dim, attn.scaling, hasattr(attn, "q_norm")
@@ -301,9 +303,10 @@ class Decoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, heads, S, D]
             k_buf[:, :, c0:end] = k
             v_buf[:, :, c0:end] = a.v_proj(x).view(B, S, -1, D).transpose(1, 2)
-            # [B, heads, S, D] against [B, KV, L, D]; a decode step (S = 1) is masked by the valid columns only
-            o = F.scaled_dot_product_attention(q, k_buf[:, :, :end], v_buf[:, :, :end], attn_mask=allowed,
-                                               scale=self.scale, enable_gqa=True).transpose(1, 2).reshape(B, S, -1)
+            # transformers' own SDPA call (same arithmetic as its forward: a decode step runs the query heads of a key
+            # head as queries of one kernel call, a prefill repeats the keys), on views of the buffers
+            o = self.attend(a, q, k_buf[:, :, :end], v_buf[:, :, :end], allowed, scaling=self.scale)[0]
+            o = o.reshape(B, S, -1)
             h = h + a.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.lm_head(self.inner.norm(h[:, -1:]))[:, -1]
@@ -361,12 +364,17 @@ class Decoder:
         return logits
 
     def keep(self, index):
-        """Keep only the rows index: gathered into a second set of buffers, allocated once per batch and then used
-        in turn with the first (on CPU a fresh allocation this large costs page faults that cost more than the
-        copy)."""
-        if self.spare is None:
-            self.spare = [torch.empty_like(b) for b in self.base]
+        """Keep only the rows index. On CPU they are gathered into a second set of buffers, made at the batch's first
+        drop with as many rows as it keeps and then used in turn with the first (a fresh allocation this large costs
+        page faults that cost more than the copy); on a GPU the caching allocator makes a fresh gather cheap."""
         n = len(index)
+        if self.base[0].device.type != "cpu":
+            self.K = [k.index_select(0, index) for k in self.K]
+            self.V = [v.index_select(0, index) for v in self.V]
+            self.pos, self.valid = self.pos.index_select(0, index), self.valid.index_select(0, index)
+            return
+        if self.spare is None:
+            self.spare = [b.new_empty((n,) + b.shape[1:]) for b in self.base]
         for kv, spare in zip(self.K + self.V, self.spare):
             torch.index_select(kv, 0, index, out=spare[:n])
         self.base, self.spare = self.spare, self.base
@@ -440,6 +448,8 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
     unique = {p: None for p in prompts}  # ES scores the same prompts for many members: encode each text once
     for p in unique:
         unique[p] = tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"]
+        if not unique[p]:
+            raise verify.UsageError(f"a prompt encodes to no tokens (and the tokenizer adds none): {p!r}")
     enc = [unique[p] for p in prompts]
     rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
     out_ids, ent = [None] * len(rows), [0.0] * len(rows)

@@ -589,6 +589,12 @@ def test_decoder_equals_transformers_forward(toy_model, kind, temperature):
             assert len({len(c) for c in fast.completion_ids}) >= 2  # rows finished at different steps
 
 
+def test_a_prompt_of_no_tokens_is_a_usage_error(toy_model):
+    model, tok = toy_model
+    with pytest.raises(verify.UsageError, match="no tokens"):
+        passk.sample(model, tok, ["1 2:3=", ""], n=1, temperature=0, max_new_tokens=4)
+
+
 def test_decoder_is_only_for_llama_style_models(toy_model):
     model, _ = toy_model
     assert passk.Decoder.of(model) is not None
@@ -597,6 +603,9 @@ def test_decoder_is_only_for_llama_style_models(toy_model):
     sliding = copy.deepcopy(model)
     sliding.config.layer_types = ["sliding_attention"] + sliding.config.layer_types[1:]
     assert passk.Decoder.of(sliding) is None
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"  # Decoder calls SDPA: another attention steps the model's forward
+    assert passk.Decoder.of(eager) is None
 
 
 def test_sampler_reports_live_rows_to_on_batch(toy_model):
@@ -1238,7 +1247,8 @@ def test_replay_rebuilds_the_final_checkpoint_from_the_log_alone(tmp_path, kw, c
 
 
 @pytest.mark.parametrize("damage,msg", [("rewards", "no member rewards for iteration 1"), ("base", "is not the base"),
-                                        ("cut", "line 3 is not JSON"), ("grpo", "not an es.py log")])
+                                        ("cut", "line 3 is not JSON"), ("grpo", "not an es.py log"),
+                                        ("device", "cuda")])
 def test_replay_of_a_log_that_cannot_be_replayed_is_one_line_exit_2_nothing_written(tmp_path, capsys, damage, msg):
     es.train(small_es(tmp_path, "run", iterations=3))
     log = tmp_path / "run" / "log.jsonl"
@@ -1251,6 +1261,8 @@ def test_replay_of_a_log_that_cannot_be_replayed_is_one_line_exit_2_nothing_writ
         lines[2] = lines[2][:len(lines[2]) // 2]
     elif damage == "grpo":
         lines[0] = lines[0].replace('"algo": "es"', '"algo": "grpo"')
+    elif damage == "device":  # trained on a GPU: its noise streams are not the CPU's
+        lines[0] = lines[0].replace('"device_type": "cpu"', '"device_type": "cuda"')
     log.write_text("\n".join(lines) + "\n")
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
