@@ -621,7 +621,7 @@ def part_g(ctx):
 # loads in about 2 minutes, then generates whenever asked. Lines in: a JSON list of token-id lists; out: "@json " and
 # JSON (vLLM logs to stdout too).
 VLLM_WORKER = r"""
-import json, os, sys, time
+import json, os, sys
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
 from vllm import LLM, SamplingParams
 model, new_tokens = sys.argv[1], int(sys.argv[2])
@@ -629,11 +629,8 @@ llm = LLM(model=model, dtype="bfloat16", seed=0, gpu_memory_utilization=0.4)  # 
 greedy = SamplingParams(temperature=0, max_tokens=new_tokens)
 print("@json", json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    prompts = [{"prompt_token_ids": ids} for ids in json.loads(line)]
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, greedy, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    print("@json", json.dumps({"seconds": seconds, "ids": [list(o.outputs[0].token_ids) for o in outs]}), flush=True)
+    outs = llm.generate([{"prompt_token_ids": ids} for ids in json.loads(line)], greedy, use_tqdm=False)
+    print("@json", json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs]}), flush=True)
 """
 
 
@@ -660,15 +657,14 @@ class VllmEngine:
                                 f"answering; its output is in {self.log}")
 
     def generate(self, ids):
-        """Greedy completions of the token-id lists, and the engine's own seconds for the call."""
+        """Greedy completions of the token-id lists."""
         try:
             self.proc.stdin.write(json.dumps(ids) + "\n")
             self.proc.stdin.flush()
         except OSError:  # the engine has died (a broken pipe)
             raise verify.UsageError(f"vLLM's engine (--vllm-python) exited with code {self.proc.wait()}; its output "
                                     f"is in {self.log}") from None
-        r = self._read()
-        return r["ids"], r["seconds"]
+        return self._read()["ids"]
 
     def close(self):
         self.proc.stdin.close()
@@ -686,8 +682,7 @@ def part_h(ctx):
     task = verify.get_task(args.task)
     examples = task.examples("train", max(sizes), seed=1)
     texts = [task.prompt(ex, ctx.tok) for ex in examples]
-    bos = ctx.tok.bos_token
-    enc = [ctx.tok(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in texts]  # as sample
+    enc = [passk.encode(ctx.tok, p) for p in texts]  # the token ids sample feeds the model
     bf16 = copy.deepcopy(ctx.model).to(torch.bfloat16)
     engine = VllmEngine(args.vllm_python, passk.resolve_model(args.model), args.new_tokens,
                         os.path.join(args.out, "vllm.log"))
@@ -701,7 +696,7 @@ def part_h(ctx):
                 got["plain" if plain else "ours"] = s.completion_ids
 
             def vllm():
-                got["vllm"], got["vllm_seconds"] = engine.generate([ids for ids in enc[:rows]])
+                got["vllm"] = engine.generate(enc[:rows])
             r = paired(ours, vllm, args.repeats)
             same = sum(a == b for a, b in zip(got["ours"], got["vllm"]))
             extra = {}

@@ -555,7 +555,7 @@ def fitness_reliability(per_prompt):
 
 
 def weights_digest(params):
-    """sha256 (16 hex digits) of fp32 weights, tensor by tensor in name order: names the base model a log was made on."""
+    """sha256 (16 hex digits) of fp32 weights, tensor by tensor in name order: names a log's base model."""
     h = hashlib.sha256()
     for name in sorted(params):
         h.update(name.encode())

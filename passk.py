@@ -227,7 +227,7 @@ def _row_uniforms(seed: int, key: int, j: int, steps: int) -> torch.Tensor:
 def _pick(logits, u, temperature, top_p):
     """Next token per row: argmax when temperature <= 0, else inverse-CDF sampling of the top-p set with u [B]."""
     if temperature <= 0:
-        return logits.max(-1).indices  # the first maximum, as argmax, but one pass over the vocabulary (4x faster in bf16)
+        return logits.max(-1).indices  # the first maximum, as argmax, in one pass (4x faster than argmax in bf16)
     probs = torch.softmax(logits.float() / temperature, dim=-1).double()
     order = None
     if top_p < 1.0:
@@ -239,20 +239,26 @@ def _pick(logits, u, temperature, top_p):
     return idx if order is None else order.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
 
 
+def encode(tokenizer, prompt):
+    """A prompt's token ids as the sampler feeds them: the tokenizer's special tokens unless the text (a chat template's
+    output) already starts with its BOS."""
+    bos = tokenizer.bos_token
+    return tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"]
+
+
 def _left_pad(seqs, pad, device):
     """Token lists -> (ids [B, L], valid [B, L] bool), right-aligned: every sequence ends at column L-1."""
     L = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), L), pad, dtype=torch.long)
     valid = torch.zeros((len(seqs), L), dtype=torch.bool)
-    for b, s in enumerate(seqs):
-        if s:
-            ids[b, L - len(s):] = torch.tensor(s)
-            valid[b, L - len(s):] = True
+    for b, s in enumerate(seqs):  # every sequence has a token: sample refuses a prompt of none
+        ids[b, L - len(s):] = torch.tensor(s)
+        valid[b, L - len(s):] = True
     return ids.to(device), valid.to(device)
 
 
 class Decoder:
-    """A Llama-style decoder (model types llama, qwen2, qwen3; every layer full attention) run step by step by the
+    """A Llama-style decoder (model types llama, qwen2, qwen3; SDPA attention, every layer full) run step by step by the
     sampler itself, through the model's own modules (so forward hooks, such as low-rank ES's, see every call):
 
     - keys and values go to one preallocated buffer per layer ([B, KV heads, prompt + new tokens, head dim]), not
@@ -261,9 +267,11 @@ class Decoder:
       weights (`groups`: every row, or one ES member's rows) and the n samples of a prompt share its prefill;
     - logits only for the last position of the prefill;
     - finished rows leave the batch (a copy of every buffer, `keep`) once a sixteenth of the rows have finished.
-    Everything else (norms, projections, rotary embedding, MLP, PyTorch's scaled_dot_product_attention) is the
-    model's own code with the same arithmetic as transformers' forward: the same completions, bit for bit, where the
-    kernels are batch-invariant (the tests compare the two on the embedded models and on a random Llama).
+    Everything else (norms, projections, rotary embedding, MLP) is the model's own code and the attention is
+    transformers' own SDPA function, always given a mask: on a padded batch the arithmetic of transformers' forward,
+    the same completions bit for bit (the tests compare the two on the embedded models and on random grouped-query
+    Llama and Qwen3 models). On a batch with no padding transformers drops the mask and takes another kernel call,
+    4x slower on CPU in bf16, that rounds differently; Decoder does not follow it there.
     """
     KINDS = ("llama", "qwen2", "qwen3")
 
@@ -444,10 +452,9 @@ def sample(model, tokenizer, prompts, n=1, temperature=1.0, top_p=1.0, max_new_t
     eos_ids = sorted(({tokenizer.eos_token_id} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos])) - {None})
     eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
-    bos = tokenizer.bos_token
     unique = {p: None for p in prompts}  # ES scores the same prompts for many members: encode each text once
     for p in unique:
-        unique[p] = tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"]
+        unique[p] = encode(tokenizer, p)
         if not unique[p]:
             raise verify.UsageError(f"a prompt encodes to no tokens (and the tokenizer adds none): {p!r}")
     enc = [unique[p] for p in prompts]

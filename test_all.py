@@ -1967,16 +1967,6 @@ def final_weights(out):
     return weights(os.path.join(out, sorted(d for d in os.listdir(out) if d.startswith("stage-"))[-1]))
 
 
-def weights_digest(sd):
-    """sha256 (first 16 hex digits) of a state dict, tensor by tensor in name order, over the raw bytes."""
-    import hashlib
-    h = hashlib.sha256()
-    for k in sorted(sd):
-        h.update(k.encode())
-        h.update(sd[k].contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 # "A refactor changed no behaviour", kept in forms that hold on any machine. Within one machine the same seeds give
 # the same bits: two runs are compared. Across machines they need not: forward and backward passes and AdamW go
 # through the matmul and reduction kernels the CPU's libraries pick (oneDNN, MKL, the vector width, the thread count),
