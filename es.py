@@ -97,6 +97,15 @@ class Args:
     """held-out problems; in [1, inf)"""
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
+    eval_greedy: int = 0
+    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
+    T = 1 evaluation's); in [0, inf)"""
+    eval_dtype: str = "fp32"
+    """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
+    {fp32, bf16}"""
+    probe: bool = False
+    """log the unperturbed model's reward on the iteration's prompts before and after its update (probe_before,
+    probe_after: 2 x prompts more rows an iteration); a step that does not raise it is too large, noisy or wrong"""
     save_every: int = 25
     """checkpoint every this many iterations (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/es"
@@ -368,6 +377,22 @@ def score_members(model, tok, task, examples, members, master, params, args, t, 
     restore(params, master)
     timing["perturb"] += time.time() - t0
     return out
+
+
+def probe_reward(model, tok, task, examples, args, t, rank=0, world=1):
+    """The unperturbed model's mean reward on the iteration's prompts, scored as a member is (same sampling seed):
+    --probe's before/after. Each rank scores its share of the prompts; the sum crosses the network."""
+    mine = examples[rank::world]
+    S = args.samples if args.temperature > 0 else 1
+    s = passk.sample(model, tok, [task.prompt(ex, tok) for ex in mine], n=S, temperature=args.temperature,
+                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                     seed=stream_seed(args.seed, "score", t), entropy=False,
+                     keys=list(range(rank, len(examples), world)))
+    total = torch.tensor([sum(task.reward(c, mine[r // S]) for r, c in enumerate(s.texts))], dtype=torch.float64)
+    if world > 1:
+        total = total.to(next(model.parameters()).device)
+        dist.all_reduce(total)
+    return float(total) / (len(examples) * S)
 
 
 # ---- 4. fitness shaping -------------------------------------------------------------------------------------------
@@ -672,6 +697,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
+    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     mine = [n for n in range(args.population) if n % world == rank]
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
     if own_tracker:  # before anything is written: a tracker that cannot start is a one-line error
@@ -692,13 +718,16 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     gens, tokens, wall = state.get("generations", 0), state.get("tokens", 0), state.get("wall", 0.0)
 
     def evaluate(t):
-        summary, _ = passk.evaluate(model, tokenizer, task, held_out, n=args.eval_n, temperature=1.0,
-                                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                    seed=passk.EVAL_SEED, rank=rank, world=world)
+        # the master in --eval-dtype, as grpo.py evaluates its weights: one numerics for every method's evaluations
+        # (SmolLM2's base model: greedy pass@1 0.0625 in fp32, 0.047 in bf16 weights, on the same 128 problems)
+        cast_params(model, passk.DTYPES[args.eval_dtype])
+        restore(dict(model.named_parameters()), master)
+        summary = passk.held_out(model, tokenizer, task, held_out, greedy_set, args.eval_n, args.max_new_tokens,
+                                 args.batch_size, rank, world)
+        cast_params(model, passk.DTYPES[args.dtype])  # the working weights again: args.dtype(master), as before
         if rank == 0:
             log_line(log_path, {"type": "eval", "iteration": t, **summary}, tracker)
-            print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
-                                                if k.startswith("pass@") or k.endswith("entropy")), flush=True)
+            print(f"[eval {t:4d}] " + passk.eval_line(summary), flush=True)
 
     if start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
         evaluate(0)
@@ -712,6 +741,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))
         # 2.-3. perturb, score, restore: this rank's members only
         timing = {"perturb": 0.0, "generate": 0.0}
+        probe = [probe_reward(model, tokenizer, task, batch, args, t, rank, world)] if args.probe else []
         scores = score_members(model, tokenizer, task, batch, mine, master, params, args, t, timing)
         table = torch.zeros(args.population, 4, dtype=torch.float64, device=device)  # reward, format, answer, tokens
         for n, s in scores.items():
@@ -736,6 +766,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                            f"last good checkpoint: {latest_checkpoint(args.out)}")
         restore(params, master)
         t_update = time.time() - t1
+        if args.probe:  # the same prompts (and sampling uniforms) on the updated model: did the step help them?
+            probe.append(probe_reward(model, tokenizer, task, batch, args, t, rank, world))
         gens += args.population * len(batch) * (args.samples if args.temperature > 0 else 1)
         tokens += int(table[:, 3].sum())
         wall += time.time() - t0
@@ -750,6 +782,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                    "coverage": float(np.mean([any(merged[n][1][i] for n in merged) for i in range(len(batch))])),
                    "fitness_reliability": fitness_reliability([merged[n][2] for n in range(args.population)]),
                    "rewards": [float(x) for x in rewards],  # every member's, in member order: --replay needs them
+                   **({"probe_before": probe[0], "probe_after": probe[1]} if probe else {}),
                    "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
                    "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
                    "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}

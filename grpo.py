@@ -14,7 +14,8 @@ for step t = 1..T, train() runs one function per step (after setup(): resume, mo
 
 How this differs from the papers and from TRL's GRPOTrainer:
 - Rollouts come from passk.sample, the sampler ES and the evaluation use (same temperature / top-p semantics, the same
-  budget accounting); log-probabilities are taken at the sampling temperature (logits / T), as TRL does.
+  budget accounting), under the same --dtype autocast as the loss's forwards; log-probabilities are taken at the
+  sampling temperature (logits / T), as TRL does.
 - Defaults follow TRL (beta = 0, loss "dapo", scale_rewards "group", std unbiased + 1e-4, eps 0.2 both sides);
   --beta 0.04 --loss grpo gives DeepSeekMath GRPO, --eps-high 0.28 --loss dapo DAPO's clip-higher (without its
   dynamic sampling), --scale-rewards none --loss dr_grpo Dr. GRPO.
@@ -101,6 +102,12 @@ class Args:
     """held-out problems; in [1, inf)"""
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
+    eval_greedy: int = 0
+    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
+    T = 1 evaluation's); in [0, inf)"""
+    eval_dtype: str = "fp32"
+    """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
+    {fp32, bf16}"""
     save_every: int = 25
     """checkpoint every this many steps (and at the end; 0 = only at the end); in [0, inf)"""
     out: str = "runs/grpo"
@@ -350,13 +357,16 @@ def progress(bar, rec):
 def evaluate(run, t):
     """Held-out Pass@1..eval_n of run's policy after t steps: the one place that writes "eval" records (rank 0)."""
     run.model.eval()
-    summary, _ = passk.evaluate(run.model, run.tokenizer, run.task, run.held_out, n=run.args.eval_n,
-                                temperature=1.0, max_new_tokens=run.args.max_new_tokens,
-                                batch_size=run.args.batch_size, seed=passk.EVAL_SEED, rank=run.rank, world=run.world)
+    model = run.model
+    if run.args.eval_dtype != "fp32":  # a copy with its parameters (not buffers: RoPE's stay fp32, as from_pretrained
+        model = copy.deepcopy(run.model)  # leaves them) in eval_dtype: what es.py evaluates of its master too
+        for p in model.parameters():
+            p.data = p.data.to(passk.DTYPES[run.args.eval_dtype])
+    summary = passk.held_out(model, run.tokenizer, run.task, run.held_out, run.greedy_set, run.args.eval_n,
+                             run.args.max_new_tokens, run.args.batch_size, run.rank, run.world)
     if run.rank == 0:
         log_line(run.log_path, {"type": "eval", "iteration": t, **summary}, run.tracker)
-        print(f"[eval {t:4d}] " + "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
-                                            if k.startswith("pass@") or k.endswith("entropy")), flush=True)
+        print(f"[eval {t:4d}] " + passk.eval_line(summary), flush=True)
     return summary
 
 
@@ -497,8 +507,9 @@ def open_log(args, rank, start_it):
 def setup(args, model=None, tokenizer=None, tracker=None):
     """What the steps share, as a namespace: args (a resumed run's), rank, world, device, task, model (unless given or
     resumed: args.model's), tokenizer, ddp (model, under DDP when world > 1), ref (the frozen reference when beta > 0,
-    else None), opt (AdamW), autocast, train_pool, held_out, pad, log_path, start_it (steps done), state (resumed),
-    tracker (the given one, else the run's own --report-to, opened before the log is written), own_tracker."""
+    else None), opt (AdamW), autocast, train_pool, held_out, greedy_set (greedy pass@1's problems), pad, log_path,
+    start_it (steps done), state (resumed), tracker (the given one, else the run's own --report-to, opened before the
+    log is written), own_tracker."""
     args, ckpt, state = resumed(args)
     check_args(args, int(os.environ.get("WORLD_SIZE", "1")))
     passk.check_writable(args.out)
@@ -524,6 +535,7 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
+    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start_it = state.get("iteration", 0)
     own_tracker = tracker is None
@@ -532,8 +544,9 @@ def setup(args, model=None, tokenizer=None, tracker=None):
                                      resume_from=passk.redo_from(start_it, args.iterations))
     return SimpleNamespace(args=args, rank=rank, world=world, device=device, task=task, model=model,
                            tokenizer=tokenizer, ddp=ddp, ref=ref, opt=opt, autocast=autocast, train_pool=train_pool,
-                           held_out=held_out, pad=pad, log_path=open_log(args, rank, start_it), start_it=start_it,
-                           state=state, tracker=tracker, own_tracker=own_tracker)
+                           held_out=held_out, greedy_set=greedy_set, pad=pad,
+                           log_path=open_log(args, rank, start_it), start_it=start_it, state=state,
+                           tracker=tracker, own_tracker=own_tracker)
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------------
@@ -552,7 +565,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     for t in bar:
         t0 = time.time()
         # ---- 1. this rank's share of the step's prompts, G completions each
-        batch, s = rollouts(model, run.tokenizer, run.task, run.train_pool, args, t, rank, world)
+        with run.autocast:  # rollouts in the numerics of the loss's forwards (bf16: 1.6x faster than fp32 here)
+            batch, s = rollouts(model, run.tokenizer, run.task, run.train_pool, args, t, rank, world)
         t_gen = time.time() - t0
         # ---- 2. rewards and group-relative advantages
         parts, all_rewards, adv = score(run.task, batch, s.texts, args, t, rank, world, device)

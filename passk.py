@@ -585,6 +585,27 @@ def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, t
     return summary, records
 
 
+def held_out(model, tokenizer, task, examples, greedy_examples, n, max_new_tokens, batch_size, rank=0, world=1):
+    """The "eval" record es.py and grpo.py log, one definition for both: Pass@1..n, entropies and length at T = 1 on
+    examples, and with greedy_examples the greedy pass@1 on those; each with its per-problem counts (`correct`,
+    `greedy_correct`, in problem order), so that a paired interval over problems needs the log alone."""
+    summary, records = evaluate(model, tokenizer, task, examples, n=n, temperature=1.0, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, seed=EVAL_SEED, rank=rank, world=world)
+    summary["correct"] = [x["correct"] for x in records]
+    if greedy_examples:
+        greedy, records = evaluate(model, tokenizer, task, greedy_examples, n=1, temperature=0.0,
+                                   max_new_tokens=max_new_tokens, batch_size=batch_size, rank=rank, world=world)
+        summary.update({"greedy_pass@1": greedy["pass@1"], "greedy_problems": greedy["problems"],
+                        "greedy_correct": [x["correct"] for x in records]})
+    return summary
+
+
+def eval_line(summary):
+    """An eval record's headline figures on one line."""
+    return "  ".join(f"{k}={v:.3f}" for k, v in summary.items()
+                     if k.startswith(("pass@", "greedy_pass@")) or k.endswith("entropy"))
+
+
 # ---- CLI ---------------------------------------------------------------------------------------------------------
 @dataclass
 class Args:

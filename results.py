@@ -670,7 +670,7 @@ def llm_params(cfg):
         return {"schedule": cfg["schedule"], "es": cfg["es"], "grpo": cfg["grpo"]}
     if cfg["algo"] == "es":
         return {k: cfg[k] for k in ("sigma", "alpha", "population", "prompts", "noise", "rank")}
-    return {k: cfg[k] for k in ("lr", "prompts", "group")}
+    return {k: cfg[k] for k in ("lr", "beta", "prompts", "group") if k != "beta" or cfg.get("beta")}
 
 
 def llm_point(rec):
@@ -704,9 +704,15 @@ def question_llm(folder):
         got = llm_log(os.path.join(tune_dir, name))
         if got:
             cfg, ev, train = got
-            tuning.append({"method": cfg["algo"], "run": name, "params": llm_params(cfg), "score": ev[-1]["pass@1"],
-                           "base_score": ev[0]["pass@1"], "split": cfg["eval_split"], "iterations": len(train),
-                           "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60})
+            key = "greedy_pass@1" if "greedy_pass@1" in ev[-1] else "pass@1"  # issue 38's protocol: greedy
+            rel = [r["fitness_reliability"] for r in train if r.get("fitness_reliability") is not None]
+            probe = [r["probe_after"] - r["probe_before"] for r in train if "probe_after" in r]
+            tuning.append({"method": cfg["algo"], "run": name, "params": llm_params(cfg), "score": ev[-1][key],
+                           "base_score": ev[0][key], "score_kind": key, "split": cfg["eval_split"],
+                           "problems": ev[-1].get("greedy_problems", cfg["eval_problems"]), "iterations": len(train),
+                           "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
+                           **({"reliability": float(np.mean(rel))} if rel else {}),
+                           **({"probe_gain": float(np.mean(probe))} if probe else {})})
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         method, _, seed = name.rpartition("-seed")
         got = llm_log(os.path.join(folder, name)) if method in LLM_METHODS and seed.isdecimal() else None
@@ -953,16 +959,23 @@ def plots(s, figdir):
 
 
 def llm_chosen(tuning, method):
-    """The selection rule, fixed before the runs: the highest val pass@1 after the equal-length short run; a tie goes
-    to the smaller step (alpha, or lr), then to the smaller sigma. Scores within 1e-6 of the best tie with it (the
-    same count of solved samples can differ in its last float bits: 38/256 as 0.1484375 and 0.14843749999999997,
-    which rounding to 6 places would split, as 0.148438 and 0.148437; distinct counts differ by 1/samples)."""
+    """The selection rule, fixed before the runs: the highest val score after the equal-length short run. Issue 20's
+    grid (T = 1 pass@1): a tie goes to the smaller step (alpha, or lr), then to the smaller sigma. Issue 38's (greedy
+    pass@1): a tie goes to the higher mean fitness_reliability (ES), or to the smaller lr, then beta (GRPO). Scores
+    within 1e-6 of the best tie with it (the same count of solved samples can differ in its last float bits: 38/256
+    as 0.1484375 and 0.14843749999999997, which rounding to 6 places would split, as 0.148438 and 0.148437; distinct
+    counts differ by 1/samples)."""
     rows = [t for t in tuning if t["method"] == method]
     if not rows:
         return None
-    step, best = "alpha" if method == "es" else "lr", max(t["score"] for t in rows)
-    return min((t for t in rows if t["score"] > best - 1e-6), key=lambda t: (t["params"][step],
-                                                                            t["params"].get("sigma", 0)))
+    best = max(t["score"] for t in rows)
+    tied = [t for t in rows if t["score"] > best - 1e-6]
+    if all(t.get("score_kind") == "greedy_pass@1" for t in rows):
+        if method == "es":
+            return max(tied, key=lambda t: t.get("reliability", -1.0))  # the first of equals, in grid order
+        return min(tied, key=lambda t: (t["params"]["lr"], t["params"].get("beta", 0.0)))
+    step = "alpha" if method == "es" else "lr"
+    return min(tied, key=lambda t: (t["params"][step], t["params"].get("sigma", 0)))
 
 
 def render_llm(runs, tuning, figures):
@@ -971,13 +984,18 @@ def render_llm(runs, tuning, figures):
     L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", "",
          f"Task `{runs[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
          "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
-         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step.", "",
-         "| method | settings | val pass@1 before -> after | generations | minutes |", "|---|---|---|---|---|"]
+         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step.", ""]
+    diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
+    L += ["| method | settings | val pass@1 before -> after | " + ("fitness reliability | probe gain | " if diag
+                                                                   else "") + "generations | minutes |",
+          "|---|---|---|" + ("---|---|" if diag else "") + "---|---|"]
     chosen = [llm_chosen(tuning, m) for m in LLM_METHODS]
     for t in tuning:
         mark = " **(chosen)**" if any(t is c for c in chosen) else ""
         p = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in t["params"].items())
-        L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | "
+        extra = "".join(f"{t[k]:+.3f} | " if k == "probe_gain" and k in t else f"{t[k]:.2f} | " if k in t else
+                        "- | " for k in ("reliability", "probe_gain")) if diag else ""
+        L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | {extra}"
                  f"{t['generations']:,} | {t['wall_minutes']:.1f} |")
     e = runs[0]["eval"]
     K = max(int(k[5:]) for k in runs[0]["final"] if k.startswith("pass@"))

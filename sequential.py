@@ -43,7 +43,8 @@ import verify
 
 ALGOS = {"es": es, "grpo": grpo}
 SHARED = ("model", "task", "data", "seed", "max_new_tokens", "eval_every", "eval_n", "eval_problems", "eval_split",
-          "device", "threads")  # apply to every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
+          "eval_greedy", "eval_dtype", "device",
+          "threads")  # every stage; every other es.py / grpo.py flag X is --es-X / --grpo-X
 PER_STAGE = ("iterations", "out", "resume", "replay", "report_to", "run_name")  # set by the schedule (one tracker)
 
 
@@ -69,6 +70,12 @@ class Args:
     """held-out problems; in [1, inf)"""
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
+    eval_greedy: int = 0
+    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
+    T = 1 evaluation's); in [0, inf)"""
+    eval_dtype: str = "fp32"
+    """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
+    {fp32, bf16}"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0

@@ -1108,8 +1108,10 @@ def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path, monkeypatch):
     model, _ = es.train(small_es(tmp_path, "bf16", iterations=1, dtype="bf16"), model, tok)
     w = weights(tmp_path / "bf16")
     assert all(v.dtype == torch.float32 for v in w.values())
-    # members were scored in bf16; only parameters are cast (RoPE's inv_freq stays fp32, as from_pretrained leaves it)
-    assert set(seen) == {(torch.bfloat16, torch.float32)}
+    # the 4 members were scored in bf16, the evaluations before and after ran the fp32 master (--eval-dtype); only
+    # parameters are cast (RoPE's inv_freq stays fp32, as from_pretrained leaves it)
+    fp32, bf16 = (torch.float32, torch.float32), (torch.bfloat16, torch.float32)
+    assert seen == [fp32] + [bf16] * 4 + [fp32]
     # the returned model holds the exact fp32 master, what the checkpoint holds
     assert all(torch.equal(p, w[k]) for k, p in model.state_dict().items() if k in w)
     base = passk.load_model(TOY)[0].state_dict()
@@ -1271,6 +1273,62 @@ def test_replay_of_a_log_that_cannot_be_replayed_is_one_line_exit_2_nothing_writ
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and msg in err, err
     assert not (tmp_path / "replayed").exists() and not (tmp_path / "replayed.tmp").exists()
+
+
+def test_es_probe_scores_the_master_before_and_after_its_update_and_changes_nothing(tmp_path):
+    """--probe: the unperturbed model's reward on the iteration's prompts, with the members' sampling seed, before
+    (the base model) and after (the checkpoint) the update; the weights and rewards equal a run without it."""
+    args = small_es(tmp_path, "probe", iterations=1, probe=True, eval_greedy=6)
+    model, tok = es.train(args)
+    plain = small_es(tmp_path, "plain", iterations=1)
+    es.train(plain)
+    probed, unprobed = (es.read_log(os.path.join(a.out, "log.jsonl")) for a in (args, plain))
+    assert weights(args.out).keys() == weights(plain.out).keys()
+    assert all(torch.equal(weights(args.out)[k], weights(plain.out)[k]) for k in weights(plain.out))
+    rec = [r for r in probed if r["type"] == "train"][0]
+    assert rec["rewards"] == [r for r in unprobed if r["type"] == "train"][0]["rewards"]
+    task = verify.get_task(args.task)
+    pool = task.examples("train", args.train_problems, seed=es.stream_seed(args.seed, "train"))
+    batch = random.Random(es.stream_seed(args.seed, "prompts", 0)).sample(pool, args.prompts)
+
+    def reward(m):
+        s = passk.sample(m, tok, [task.prompt(ex, tok) for ex in batch], n=args.samples, temperature=args.temperature,
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         seed=es.stream_seed(args.seed, "score", 0))
+        return float(np.mean([task.reward(c, batch[r // args.samples]) for r, c in enumerate(s.texts)]))
+    assert rec["probe_after"] == pytest.approx(reward(model), abs=1e-12)
+    assert rec["probe_before"] == pytest.approx(reward(passk.load_model(args.model, "fp32", "cpu")[0]), abs=1e-12)
+    ev = [r for r in probed if r["type"] == "eval"][-1]  # the eval record's per-problem counts, T = 1 and greedy
+    assert len(ev["correct"]) == args.eval_problems and len(ev["greedy_correct"]) == ev["greedy_problems"] == 6
+    assert ev["pass@1"] == pytest.approx(sum(ev["correct"]) / (args.eval_problems * args.eval_n))
+    assert ev["greedy_pass@1"] == pytest.approx(np.mean(ev["greedy_correct"])) and set(ev["greedy_correct"]) <= {0, 1}
+    g = small_grpo(tmp_path, "grpo", iterations=1, eval_greedy=6)
+    grpo.main(g)
+    ev = [r for r in es.read_log(os.path.join(g.out, "log.jsonl")) if r["type"] == "eval"][-1]
+    assert len(ev["greedy_correct"]) == 6 and ev["greedy_pass@1"] == pytest.approx(np.mean(ev["greedy_correct"]))
+
+
+def test_es_evaluates_its_fp32_master_whatever_the_working_dtype(tmp_path):
+    """The log's held-out evaluations are of the saved model (fp32), as grpo.py's are: with bf16 working weights the
+    last eval record equals passk.held_out of the final checkpoint loaded in fp32, and training still runs in bf16."""
+    args = small_es(tmp_path, "bf16", iterations=1, dtype="bf16", eval_greedy=6, noise="lowrank")
+    es.train(args)
+    ev = [r for r in es.read_log(os.path.join(args.out, "log.jsonl")) if r["type"] == "eval"][-1]
+    model, tok = passk.load_model(args.out, "fp32", "cpu")
+    task = verify.get_task(args.task)
+    again = passk.held_out(model, tok, task, task.examples("test", args.eval_problems, seed=1234),
+                           task.examples("test", 6, seed=1234), args.eval_n, args.max_new_tokens, args.batch_size)
+    assert {k: ev[k] for k in again} == again
+    for eval_dtype in ("fp32", "bf16"):  # es.py and grpo.py evaluate the same base model identically
+        e = small_es(tmp_path, f"es-{eval_dtype}", iterations=0, dtype="bf16", eval_dtype=eval_dtype)
+        g = small_grpo(tmp_path, f"grpo-{eval_dtype}", iterations=0, dtype="bf16", eval_dtype=eval_dtype)
+        es.train(e)
+        grpo.main(g)
+        first = [[r for r in es.read_log(os.path.join(x.out, "log.jsonl")) if r["type"] == "eval"][0] for x in (e, g)]
+        assert first[0] == first[1], eval_dtype
+        if eval_dtype == "fp32":
+            fp32 = first[0]
+    assert fp32["token_entropy"] != first[0]["token_entropy"]  # and the dtype is the one asked for
 
 
 def test_fitness_reliability_is_the_split_half_correlation_spearman_brown_corrected():
@@ -2440,7 +2498,12 @@ def test_reasoning_gym_verdicts_agree_with_its_own_scorers(name, options):
 def test_reasoning_gym_task_splits_prompts_and_rewards():
     task = verify.get_task("rg:chain_sum?min_terms=2,max_terms=2,min_digits=1,max_digits=1")
     train, test = task.examples("train", 200, 1), task.examples("test", 40, 1234)
-    assert len(train) == 200 and len(test) == 40 and task.examples("test", 40, 1234) == test
+    assert len(test) == 40 and task.examples("test", 40, 1234) == test
+    # distinct questions only: this small set has 143 train questions (all of them returned) and 41 test ones
+    assert len(train) == len({e["question"] for e in train}) == 143 and len({e["question"] for e in test}) == 40
+    assert task.examples("test", 41, 1234)[:40] == test  # more problems extend the list, the first stay the first
+    with pytest.raises(verify.UsageError, match="has 41 distinct questions"):
+        task.examples("test", 42, 1234)  # a held-out split refuses to pad with repeats
     assert not {e["question"] for e in train} & {e["question"] for e in test}
     val = task.examples("val", 12, 7)  # the tuning split: disjoint from both, and test is the set it always was
     assert len(val) == 12 and task.splits == ("train", "val", "test")
@@ -2517,6 +2580,25 @@ def test_bench_part_g_times_each_setting_and_the_bf16_noise_error(tmp_path):
     assert bench.bf16_noise_error(master, sigma=1.0)[0] < 0.01  # a large perturbation survives bf16
     rel, lost = bench.bf16_noise_error(master, sigma=1e-6)  # far below a bf16 ulp of 0.05: rounds away
     assert lost > 0.9 and rel > 0.9
+
+
+def test_bench_part_i_measures_what_the_working_dtype_keeps_of_a_perturbation(tmp_path):
+    """fp32 working weights apply both noises exactly (so the exact terms are the ones es.py applies, bias included);
+    bf16 loses some of each, less at a larger sigma."""
+    got = {}
+    for dtype in ("fp32", "bf16"):
+        for r in bench.main(bench.Args(quick=True, parts="i", dtype=dtype, sigmas="1e-3,1e-2",
+                                       out=str(tmp_path / dtype), threads=1)):
+            got[dtype, r["noise"], r["sigma"]] = r
+    assert len(got) == 8 and got["fp32", "lowrank", 1e-3]["modules"] >= 29  # every Linear and the Embedding
+    for noise in ("full", "lowrank"):
+        for sigma in (1e-3, 1e-2):
+            exact = got["fp32", noise, sigma]
+            assert exact["cosine"] > 1 - 1e-5 and exact["relative_l2_error"] < 1e-3
+        assert 0.9 < got["bf16", noise, 1e-3]["cosine"] < got["bf16", noise, 1e-2]["cosine"] < 1
+    assert got["bf16", "full", 1e-3]["entries_lost"] > got["bf16", "full", 1e-2]["entries_lost"] > 0
+    with pytest.raises(SystemExit):
+        bench.main(bench.Args(quick=True, parts="i", sigmas="1e-3,x", out=str(tmp_path / "bad")))
 
 
 FAKE_VLLM = """
@@ -2674,6 +2756,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     for lr in (1e-3, 1e-4):
         grpo.main(small_grpo(tmp_path, f"llm/tune/grpo-lr{lr}", lr=lr))
     es.main(small_es(tmp_path, "llm/tune/es-a"))
+    es.main(small_es(tmp_path, "llm/tune/es-b", probe=True, eval_greedy=4, eval_split="test"))
     results.main(results.Args(quick=True, out=str(out), threads=1, llm_runs=str(llm)))
     assert sorted(os.listdir(out / "cache")) == cache
     summary = json.load(open(out / "results" / "summary.json"))
@@ -2692,9 +2775,15 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert runs[("grpo", 0)]["final"]["pass@1"] == results.evals(es.read_log(llm / "grpo-seed0" / "log.jsonl"))[-1][
         "pass@1"]
     tuning = summary["llm_tuning"]
-    assert sorted((t["method"], t["run"]) for t in tuning) == [("es", "es-a"), ("grpo", "grpo-lr0.0001"),
-                                                               ("grpo", "grpo-lr0.001")]
+    assert sorted((t["method"], t["run"]) for t in tuning) == [("es", "es-a"), ("es", "es-b"),
+                                                               ("grpo", "grpo-lr0.0001"), ("grpo", "grpo-lr0.001")]
     assert all(set(t) >= {"method", "params", "score"} for t in tuning)
+    b = next(t for t in tuning if t["run"] == "es-b")  # issue 38's grid: greedy score, the ES diagnostics' means
+    b_log = es.read_log(llm / "tune" / "es-b" / "log.jsonl")
+    assert b["score_kind"] == "greedy_pass@1" and b["score"] == results.evals(b_log)[-1]["greedy_pass@1"]
+    assert b["probe_gain"] == pytest.approx(np.mean([r["probe_after"] - r["probe_before"] for r in b_log
+                                                     if r["type"] == "train"]))
+    assert "reliability" in b and "fitness reliability | probe gain" in (out / "RESULTS.md").read_text()
     best = results.llm_chosen(tuning, "grpo")
     assert best["score"] == max(t["score"] for t in tuning if t["method"] == "grpo")
     if len({t["score"] for t in tuning if t["method"] == "grpo"}) == 1:
@@ -2703,6 +2792,15 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
            for s, sg, a in ((0.1484375, 3e-3, 1.25e-4), (0.1484375, 3e-3, 2e-3), (0.14843749999999997, 1e-3, 1.25e-4))]
     # float noise is a tie (else tie[0] wins on score), then the smaller step, then the smaller sigma (else tie[0])
     assert results.llm_chosen(tie, "es") is tie[2]
+    greedy = [{"method": m, "score": sc, "score_kind": "greedy_pass@1", "params": p, **extra} for m, sc, p, extra in (
+        ("es", 0.1, {"sigma": 1e-3, "alpha": 1e-3}, {"reliability": 0.5}),
+        ("es", 0.1 + 1e-9, {"sigma": 1e-2, "alpha": 5e-3}, {"reliability": 0.7}),
+        ("es", 0.09, {"sigma": 3e-3, "alpha": 1e-3}, {"reliability": 0.9}),
+        ("grpo", 0.2, {"lr": 3e-5}, {}), ("grpo", 0.2, {"lr": 1e-5, "beta": 0.04}, {}),
+        ("grpo", 0.2, {"lr": 1e-5, "beta": 0.01}, {}))]
+    # issue 38's rule: a tied greedy score goes to the more reliable ES ranking (not the smaller step), and for GRPO
+    # to the smaller lr, then the smaller beta; a lower score never wins on reliability
+    assert results.llm_chosen(greedy, "es") is greedy[1] and results.llm_chosen(greedy, "grpo") is greedy[5]
     doc = (out / "RESULTS.md").read_text()
     section = doc.split("## 8.")[1]
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
