@@ -98,8 +98,8 @@ class Args:
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     eval_greedy: int = 0
-    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
-    T = 1 evaluation's); in [0, inf)"""
+    """greedy pass@1 at each evaluation too, on the first this many held-out problems (the T = 1 evaluation takes
+    the first eval_problems of the same list); in [0, inf)"""
     eval_dtype: str = "fp32"
     """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
     {fp32, bf16}"""
@@ -681,6 +681,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)
+    # the held-out problems before the model loads: a split too small for them is one line, at once
+    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
+    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     if model is None or args.resume:
         model, tokenizer = passk.load_model(ckpt if args.resume else args.model, "fp32", device)
     model.to(device)
@@ -696,8 +699,6 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
-    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
-    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     mine = [n for n in range(args.population) if n % world == rank]
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
     if own_tracker:  # before anything is written: a tracker that cannot start is a one-line error
@@ -720,11 +721,15 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     def evaluate(t):
         # the master in --eval-dtype, as grpo.py evaluates its weights: one numerics for every method's evaluations
         # (SmolLM2's base model: greedy pass@1 0.0625 in fp32, 0.047 in bf16 weights, on the same 128 problems)
+        every = dict(model.named_parameters())
         cast_params(model, passk.DTYPES[args.eval_dtype])
-        restore(dict(model.named_parameters()), master)
-        summary = passk.held_out(model, tokenizer, task, held_out, greedy_set, args.eval_n, args.max_new_tokens,
-                                 args.batch_size, rank, world)
-        cast_params(model, passk.DTYPES[args.dtype])  # the working weights again: args.dtype(master), as before
+        restore(every, master)
+        try:
+            summary = passk.held_out(model, tokenizer, task, held_out, greedy_set, args.eval_n, args.max_new_tokens,
+                                     args.batch_size, rank, world)
+        finally:  # the working weights again, args.dtype(master) exactly (a cast back from a coarser eval dtype
+            cast_params(model, passk.DTYPES[args.dtype])  # would keep its rounding)
+            restore(every, master)
         if rank == 0:
             log_line(log_path, {"type": "eval", "iteration": t, **summary}, tracker)
             print(f"[eval {t:4d}] " + passk.eval_line(summary), flush=True)
@@ -741,7 +746,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         batch = rng.sample(train_pool, min(args.prompts, len(train_pool)))
         # 2.-3. perturb, score, restore: this rank's members only
         timing = {"perturb": 0.0, "generate": 0.0}
+        t_probe = time.time()
         probe = [probe_reward(model, tokenizer, task, batch, args, t, rank, world)] if args.probe else []
+        t_probe = time.time() - t_probe  # a diagnostic: logged apart, not counted in wall
         scores = score_members(model, tokenizer, task, batch, mine, master, params, args, t, timing)
         table = torch.zeros(args.population, 4, dtype=torch.float64, device=device)  # reward, format, answer, tokens
         for n, s in scores.items():
@@ -767,10 +774,12 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         restore(params, master)
         t_update = time.time() - t1
         if args.probe:  # the same prompts (and sampling uniforms) on the updated model: did the step help them?
+            t2 = time.time()
             probe.append(probe_reward(model, tokenizer, task, batch, args, t, rank, world))
+            t_probe += time.time() - t2
         gens += args.population * len(batch) * (args.samples if args.temperature > 0 else 1)
         tokens += int(table[:, 3].sum())
-        wall += time.time() - t0
+        wall += time.time() - t0 - t_probe
         if rank == 0:
             merged = {n: v for part in logs for n, v in part.items()}
             answers = [[merged[n][0][i] for n in range(args.population)] for i in range(len(batch))]
@@ -782,9 +791,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                    "coverage": float(np.mean([any(merged[n][1][i] for n in merged) for i in range(len(batch))])),
                    "fitness_reliability": fitness_reliability([merged[n][2] for n in range(args.population)]),
                    "rewards": [float(x) for x in rewards],  # every member's, in member order: --replay needs them
-                   **({"probe_before": probe[0], "probe_after": probe[1]} if probe else {}),
+                   **({"probe_before": probe[0], "probe_after": probe[1], "time_probe": t_probe} if probe else {}),
                    "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
-                   "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0),
+                   "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0 - t_probe),
                    "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
             log_line(log_path, rec, tracker)
             bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}",

@@ -103,8 +103,8 @@ class Args:
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     eval_greedy: int = 0
-    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
-    T = 1 evaluation's); in [0, inf)"""
+    """greedy pass@1 at each evaluation too, on the first this many held-out problems (the T = 1 evaluation takes
+    the first eval_problems of the same list); in [0, inf)"""
     eval_dtype: str = "fp32"
     """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
     {fp32, bf16}"""
@@ -515,6 +515,9 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)
+    # the held-out problems before the model loads: a split too small for them is one line, at once
+    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
+    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     if model is None or ckpt:
         model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
     model.float().to(device)
@@ -534,8 +537,6 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
-    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
-    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start_it = state.get("iteration", 0)
     own_tracker = tracker is None

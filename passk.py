@@ -587,11 +587,13 @@ def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, t
 
 def held_out(model, tokenizer, task, examples, greedy_examples, n, max_new_tokens, batch_size, rank=0, world=1):
     """The "eval" record es.py and grpo.py log, one definition for both: Pass@1..n, entropies and length at T = 1 on
-    examples, and with greedy_examples the greedy pass@1 on those; each with its per-problem counts (`correct`,
-    `greedy_correct`, in problem order), so that a paired interval over problems needs the log alone."""
+    examples, and with greedy_examples the greedy pass@1 on those; each with its per-problem figures (`correct`,
+    `answer_entropies`, `greedy_correct`, in problem order), so that a paired interval over problems needs the log
+    alone."""
     summary, records = evaluate(model, tokenizer, task, examples, n=n, temperature=1.0, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, seed=EVAL_SEED, rank=rank, world=world)
     summary["correct"] = [x["correct"] for x in records]
+    summary["answer_entropies"] = [round(x["answer_entropy"], 6) for x in records]
     if greedy_examples:
         greedy, records = evaluate(model, tokenizer, task, greedy_examples, n=1, temperature=0.0,
                                    max_new_tokens=max_new_tokens, batch_size=batch_size, rank=rank, world=world)

@@ -698,7 +698,7 @@ def question_llm(folder):
     split: {method, params, score}) and FOLDER/METHOD-seedS/log.jsonl (held-out runs), METHOD one of LLM_METHODS
     (grpo-es: a sequential.py schedule, or es.py from a GRPO run's checkpoint-NNNNNN, whose generations, wall time
     and evaluations up to that step count as the run's first part). Unfinished runs are left out."""
-    tuning, runs = [], []
+    tuning, runs, figures = [], [], {}
     tune_dir = os.path.join(folder, "tune")
     for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
         got = llm_log(os.path.join(tune_dir, name))
@@ -726,26 +726,74 @@ def question_llm(folder):
             at = next(r for r in src if r.get("type") == "train" and r["iteration"] == step)
             before, wall = at["generations"], at["wall"]
             prefix = [e for e in llm_log_evals(src) if e["iteration"] < step]
-        ev_all = prefix + [{**e, "generations": before + e["generations"]} for e in ev]
+        ev_all = prefix + [{**e, "generations": before + e["generations"], "wall": wall + e["wall"]} for e in ev]
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
                      **({"grpo_steps": start[1]} if start else {}),
                      "generations": before + train[-1]["generations"], "wall_minutes": (wall + train[-1]["wall"]) / 60,
                      "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
                      "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
-                     "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all]})
+                     "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all],
+                     **({"greedy_curve": [[e["generations"], e["wall"] / 60, e["greedy_pass@1"]] for e in ev_all
+                                          if "greedy_pass@1" in e]} if "greedy_pass@1" in ev[-1] else {})})
+        if "correct" in ev[-1]:  # issue 38's logs: per-problem figures, for verdicts paired over problems and seeds
+            figures[method, int(seed)] = {"base": per_problem(ev_all[0]), "final": per_problem(ev[-1])}
     grid = lambda t: (t["method"], *(t["params"].get(k, 0) for k in ("sigma", "alpha", "lr")))  # noqa: E731
-    return runs, sorted(tuning, key=grid)  # a grid reads in order of its values, not of its folder names
+    return runs, sorted(tuning, key=grid), llm_verdicts(figures)  # a grid reads in order of its values
 
 
 def llm_log_evals(recs):
-    """A log's evaluations, each with the generations sampled before it."""
-    out, gens = [], 0
+    """A log's evaluations, each with the generations sampled and the training seconds spent before it."""
+    out, gens, wall = [], 0, 0.0
     for r in recs:
         if r.get("type") == "train":
-            gens = r["generations"]
+            gens, wall = r["generations"], r["wall"]
         elif r.get("type") == "eval":
-            out.append({**r, "generations": gens})
+            out.append({**r, "generations": gens, "wall": wall})
     return out
+
+
+def per_problem(rec):
+    """An eval record's per-problem figures: greedy (0/1), pass@1 and pass@K at T = 1 (K = its n), answer entropy."""
+    n = rec["n"]
+    out = {"pass@1": [c / n for c in rec["correct"]], f"pass@{n}": [float(c > 0) for c in rec["correct"]]}
+    if "answer_entropies" in rec:
+        out["answer_entropy"] = rec["answer_entropies"]
+    if "greedy_correct" in rec:
+        out["greedy_pass@1"] = [float(c) for c in rec["greedy_correct"]]
+    return out
+
+
+def llm_paired(figures, claim, method, key, other=None, direction=1, margin=0.0):
+    """A verdict paired over problems and seeds: per problem, the mean over seeds of method's final minus the base
+    (other None; each run's own base evaluation) or minus other's final of the same seed; then the 95% t interval of
+    those per-problem means (the problems are the sample; the seeds' spread enters through each problem's mean).
+    None when no seed of method has what it needs."""
+    diffs = []
+    for (m, seed), f in sorted(figures.items()):
+        ref = f["base"] if other is None else figures.get((other, seed), {}).get("final")
+        if m == method and ref is not None and key in f["final"] and key in ref:
+            diffs.append(np.asarray(f["final"][key]) - np.asarray(ref[key]))
+    if not diffs or len({len(d) for d in diffs}) != 1:
+        return None
+    v = verdict(claim, np.mean(diffs, axis=0), direction, margin)
+    return {**v, "seeds": len(diffs), "problems": len(diffs[0])}
+
+
+def llm_verdicts(figures):
+    """Issue 38's claims on the real model, each paired over problems and seeds (llm_paired)."""
+    if not figures:
+        return []
+    K = max(int(k[5:]) for f in figures.values() for k in f["final"] if k.startswith("pass@"))
+    claims = [("ES raises greedy pass@1 over the base", "es", "greedy_pass@1", None, 1, 0.0),
+              ("ES raises pass@1 (T = 1) over the base", "es", "pass@1", None, 1, 0.0),
+              (f"ES raises pass@{K} (T = 1) over the base", "es", f"pass@{K}", None, 1, 0.0),
+              (f"GRPO lowers pass@{K} below the base", "grpo", f"pass@{K}", None, -1, 0.0),
+              ("GRPO lowers answer entropy below the base", "grpo", "answer_entropy", None, -1, 0.0),
+              (f"ES beats GRPO at pass@{K}", "es", f"pass@{K}", "grpo", 1, 0.0),
+              (f"GRPO->ES adds pass@{K} over GRPO", "grpo-es", f"pass@{K}", "grpo", 1, 0.0),
+              (f"GRPO->ES keeps GRPO's greedy pass@1 (within {MARGIN})", "grpo-es", "greedy_pass@1", "grpo", 1,
+               MARGIN)]
+    return [v for v in (llm_paired(figures, *c) for c in claims) if v is not None]
 
 
 def llm_start(folder, cfg):
@@ -811,7 +859,7 @@ def collect(args, typed):
     es_logs = {**{os.path.basename(folder): log for folder, log in es_runs}, **pop_logs}  # by folder: each run once
     s["diversity"] = claim_diversity(es_logs)
     s["temperature"] = question_temperature(runs, chosen)
-    s["llm"], s["llm_tuning"] = question_llm(args.llm_runs)
+    s["llm"], s["llm_tuning"], s["llm_verdicts"] = question_llm(args.llm_runs)
     s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population")
                      for v in s[sec]["verdicts"]]
     s["compute_minutes"] = runs.compute_minutes()
@@ -961,33 +1009,53 @@ def plots(s, figdir):
 def llm_chosen(tuning, method):
     """The selection rule, fixed before the runs: the highest val score after the equal-length short run. Issue 20's
     grid (T = 1 pass@1): a tie goes to the smaller step (alpha, or lr), then to the smaller sigma. Issue 38's (greedy
-    pass@1): a tie goes to the higher mean fitness_reliability (ES), or to the smaller lr, then beta (GRPO). Scores
+    pass@1, and only its runs where both kinds are present): a tie goes to the higher mean fitness_reliability (ES),
+    or to the smaller lr, then beta (GRPO). Scores
     within 1e-6 of the best tie with it (the same count of solved samples can differ in its last float bits: 38/256
     as 0.1484375 and 0.14843749999999997, which rounding to 6 places would split, as 0.148438 and 0.148437; distinct
     counts differ by 1/samples)."""
     rows = [t for t in tuning if t["method"] == method]
     if not rows:
         return None
+    greedy = [t for t in rows if t.get("score_kind") == "greedy_pass@1"]
+    rows = greedy or rows  # scores of two protocols are not compared: issue 38's grid, where there is one
     best = max(t["score"] for t in rows)
     tied = [t for t in rows if t["score"] > best - 1e-6]
-    if all(t.get("score_kind") == "greedy_pass@1" for t in rows):
+    if greedy:
         if method == "es":
-            return max(tied, key=lambda t: t.get("reliability", -1.0))  # the first of equals, in grid order
+            return max(tied, key=lambda t: t.get("reliability", -math.inf))  # the first of equals, in grid order
         return min(tied, key=lambda t: (t["params"]["lr"], t["params"].get("beta", 0.0)))
     step = "alpha" if method == "es" else "lr"
     return min(tied, key=lambda t: (t["params"][step], t["params"].get("sigma", 0)))
 
 
-def render_llm(runs, tuning, figures):
-    """RESULTS.md's section 8 from summary.json's llm and llm_tuning."""
+def llm_cost(runs):
+    """Cost at matched quality on the real model: the highest greedy pass@1 that ES's and GRPO's seed-mean curves
+    both reach, and the generations and training minutes (seed means) each needs to first reach it. None without
+    greedy curves on the same evaluation points for both."""
+    mean = {}
+    for m in ("es", "grpo"):
+        curves = [r["greedy_curve"] for r in runs if r["method"] == m and "greedy_curve" in r]
+        if not curves or len({len(c) for c in curves}) != 1:
+            return None
+        mean[m] = np.mean(np.asarray(curves, dtype=float), axis=0)  # [points, (generations, minutes, greedy)]
+    target = min(float(mean[m][:, 2].max()) for m in mean)
+    first = {m: next(p for p in mean[m] if p[2] >= target - 1e-9) for m in mean}
+    return {"target": target, **{m: {"generations": float(p[0]), "minutes": float(p[1])} for m, p in first.items()}}
+
+
+def render_llm(runs, tuning, figures, verdicts=()):
+    """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts."""
     fig = lambda f: f"![{f}]({figures}/{f})"
+    diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
     L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", "",
          f"Task `{runs[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
          "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
-         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step.", ""]
-    diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
-    L += ["| method | settings | val pass@1 before -> after | " + ("fitness reliability | probe gain | " if diag
-                                                                   else "") + "generations | minutes |",
+         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step" + (
+             "; on issue 38's grid the score is greedy pass@1 and a tie goes to the higher fitness reliability (ES), "
+             "the smaller lr, then beta (GRPO)" if diag else "") + ".", ""]
+    L += ["| method | settings | val " + ("score" if diag else "pass@1") + " before -> after | " + (
+        "fitness reliability | probe gain | " if diag else "") + "generations | minutes |",
           "|---|---|---|" + ("---|---|" if diag else "") + "---|---|"]
     chosen = [llm_chosen(tuning, m) for m in LLM_METHODS]
     for t in tuning:
@@ -1020,6 +1088,14 @@ def render_llm(runs, tuning, figures):
         L.append(f"- At equal generations ({gens['es']} ES, {gens['grpo']} GRPO), mean over seeds: pass@1 ES "
                  f"{mean['es']['pass@1']:.3f} vs GRPO {mean['grpo']['pass@1']:.3f}; pass@16 ES "
                  f"{mean['es']['pass@16']:.3f} vs GRPO {mean['grpo']['pass@16']:.3f}.")
+    for v in verdicts:
+        L.append(f"- {v['claim']}: **{v['verdict']}** ({fmt(v['difference'], v['half_width'])}; {v['problems']} "
+                 f"problems x {v['seeds']} seed{'s' if v['seeds'] > 1 else ''}, paired).")
+    cost = llm_cost(runs)
+    if cost:
+        L.append(f"- Cost at matched quality (greedy pass@1 {cost['target']:.3f}, the highest both reach): ES "
+                 f"{cost['es']['generations']:,.0f} generations and {cost['es']['minutes']:.0f} minutes, GRPO "
+                 f"{cost['grpo']['generations']:,.0f} and {cost['grpo']['minutes']:.0f}.")
     return L + [""]
 
 
@@ -1166,9 +1242,9 @@ def render(s, doc, figures):
           f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
           "(one seed: a direction, not a verdict).", ""]
     if s.get("llm"):
-        L += render_llm(s["llm"], s.get("llm_tuning", []), figures)
+        L += render_llm(s["llm"], s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
     L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
-    for v in s["verdicts"]:
+    for v in s["verdicts"] + [{**v, "claim": f"SmolLM2: {v['claim']}"} for v in s.get("llm_verdicts", [])]:
         L.append(f"| {v['claim']} | {v['verdict']} | {fmt(v['difference'])} | {fmt(v['half_width'])} |")
     with open(doc + ".tmp", "w") as f:
         f.write("\n".join(L) + "\n")
@@ -1242,7 +1318,7 @@ def run(args):
             raise verify.UsageError(f"--{'render' if args.render else 'llm'} needs {path} (written by a full run)")
         s = json.load(open(path))
         if args.llm:
-            s["llm"], s["llm_tuning"] = question_llm(args.llm_runs)
+            s["llm"], s["llm_tuning"], s["llm_verdicts"] = question_llm(args.llm_runs)
             with open(path + ".tmp", "w") as f:
                 json.dump(s, f, indent=1)
             os.replace(path + ".tmp", path)

@@ -71,8 +71,8 @@ class Args:
     eval_split: str = "test"
     """problems of those evaluations: test (held out), or val where the task has one (toy4: tuning)"""
     eval_greedy: int = 0
-    """greedy pass@1 on this many held-out problems at each evaluation too (the first eval_problems of them are the
-    T = 1 evaluation's); in [0, inf)"""
+    """greedy pass@1 at each evaluation too, on the first this many held-out problems (the T = 1 evaluation takes
+    the first eval_problems of the same list); in [0, inf)"""
     eval_dtype: str = "fp32"
     """weights dtype of the held-out evaluations, the same for every method (fp32: the saved model, exact); one of
     {fp32, bf16}"""
@@ -355,8 +355,10 @@ def check_args(args):
     passk.check_fields(args)
     passk.parse_report_to(args.report_to)
     passk.check_device(args.device)
-    # one problem drawn here: a split the task lacks, or a range none reaches, fails before args.json is written
-    verify.get_task(args.task, args.data or None).examples(args.eval_split, 1, 0)
+    # the held-out problems drawn here, as the stages draw them: a split the task lacks, one too small for them, or a
+    # range none reaches fails before args.json is written
+    verify.get_task(args.task, args.data or None).examples(args.eval_split, max(args.eval_problems, args.eval_greedy),
+                                                           seed=1234)
     stages = [] if args.sweep else parse_schedule(args.schedule)
     for algo, module in ALGOS.items():
         unknown = set(getattr(args, algo)) - {f.name for f in dataclasses.fields(module.Args)} - set(SHARED + PER_STAGE)

@@ -1301,6 +1301,7 @@ def test_es_probe_scores_the_master_before_and_after_its_update_and_changes_noth
     ev = [r for r in probed if r["type"] == "eval"][-1]  # the eval record's per-problem counts, T = 1 and greedy
     assert len(ev["correct"]) == args.eval_problems and len(ev["greedy_correct"]) == ev["greedy_problems"] == 6
     assert ev["pass@1"] == pytest.approx(sum(ev["correct"]) / (args.eval_problems * args.eval_n))
+    assert ev["answer_entropy"] == pytest.approx(np.mean(ev["answer_entropies"]), abs=1e-6)
     assert ev["greedy_pass@1"] == pytest.approx(np.mean(ev["greedy_correct"])) and set(ev["greedy_correct"]) <= {0, 1}
     g = small_grpo(tmp_path, "grpo", iterations=1, eval_greedy=6)
     grpo.main(g)
@@ -1329,6 +1330,25 @@ def test_es_evaluates_its_fp32_master_whatever_the_working_dtype(tmp_path):
         if eval_dtype == "fp32":
             fp32 = first[0]
     assert fp32["token_entropy"] != first[0]["token_entropy"]  # and the dtype is the one asked for
+
+
+def test_evaluations_in_a_coarser_dtype_leave_training_unchanged_and_grpo_samples_under_its_autocast(tmp_path,
+                                                                                                       monkeypatch):
+    """An evaluation in bf16 between iterations of an fp32 run must hand back the exact working weights: the member
+    rewards and final weights equal a run evaluated only at its end. grpo.py --dtype bf16 samples its rollouts under
+    the same autocast as its loss (its evaluations do not: they run --eval-dtype weights)."""
+    kw = dict(iterations=3, noise="lowrank", params="matrices", eval_dtype="bf16")
+    often, once = small_es(tmp_path, "often", eval_every=1, **kw), small_es(tmp_path, "once", **kw)
+    for a in (often, once):
+        es.train(a)
+    rewards = [[r["rewards"] for r in es.read_log(os.path.join(a.out, "log.jsonl")) if r["type"] == "train"]
+               for a in (often, once)]
+    assert rewards[0] == rewards[1] and all(torch.equal(weights(often.out)[k], w) for k, w in weights(once.out).items())
+    seen, real_sample = [], passk.sample
+    monkeypatch.setattr(passk, "sample", lambda *a, **kw: seen.append(torch.is_autocast_enabled("cpu"))
+                        or real_sample(*a, **kw))
+    grpo.main(small_grpo(tmp_path, "grpo-bf16", iterations=2, dtype="bf16"))
+    assert seen == [False, True, True, False]  # evaluation, two steps' rollouts, evaluation
 
 
 def test_fitness_reliability_is_the_split_half_correlation_spearman_brown_corrected():
@@ -2664,6 +2684,32 @@ def test_results_verdict_rule_and_half_width_on_constructed_numbers():
     assert one["verdict"].startswith("not testable") and one["half_width"] is None
 
 
+def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_quality():
+    rec = lambda correct, greedy: {"n": 4, "correct": correct, "greedy_correct": greedy,  # noqa: E731
+                                   "answer_entropies": [0.5] * len(correct)}
+    base = results.per_problem(rec([0, 1, 2, 0], [0, 0, 1, 0]))
+    assert base["pass@1"] == [0, 0.25, 0.5, 0] and base["pass@4"] == [0, 1, 1, 0]
+    figures = {("es", 0): {"base": base, "final": results.per_problem(rec([1, 1, 2, 0], [1, 0, 1, 0]))},
+               ("es", 1): {"base": base, "final": results.per_problem(rec([2, 1, 2, 1], [1, 1, 1, 0]))},
+               ("grpo", 1): {"base": base, "final": results.per_problem(rec([4, 0, 4, 0], [1, 0, 1, 0]))}}
+    v = results.llm_paired(figures, "c", "es", "greedy_pass@1")
+    # per problem the seeds' mean gain: (1, 0.5, 0, 0); mean 0.375; t(3) * sd / 2
+    assert v["difference"] == pytest.approx(0.375) and (v["seeds"], v["problems"]) == (2, 4)
+    assert v["half_width"] == pytest.approx(3.18 * np.std([1, 0.5, 0, 0], ddof=1) / 2)
+    vs = results.llm_paired(figures, "c", "es", "pass@1", other="grpo")  # only seed 1 has both
+    assert vs["seeds"] == 1 and vs["difference"] == pytest.approx(np.mean([0.5 - 1, 0.25, 0.5 - 1, 0.25]))
+    assert results.llm_paired(figures, "c", "grpo-es", "pass@1") is None
+    claims = [v["claim"] for v in results.llm_verdicts(figures)]
+    assert "ES beats GRPO at pass@4" in claims and not any("GRPO->ES" in c for c in claims)
+    runs = [{"method": "es", "greedy_curve": [[0, 0, 0.1], [100, 10, 0.2], [200, 20, 0.4]]},
+            {"method": "es", "greedy_curve": [[0, 0, 0.1], [100, 12, 0.3], [200, 22, 0.3]]},
+            {"method": "grpo", "greedy_curve": [[0, 0, 0.1], [10, 5, 0.3], [20, 9, 0.2]]}]
+    # seed means: ES 0.1, 0.25, 0.35; GRPO 0.1, 0.3, 0.2 -> both reach 0.3: ES first at 200 (21 min), GRPO at 10
+    assert results.llm_cost(runs) == {"target": pytest.approx(0.3), "es": {"generations": 200, "minutes": 21},
+                                      "grpo": {"generations": 10, "minutes": 5}}
+    assert results.llm_cost(runs[:2]) is None
+
+
 def test_results_tuning_rule_and_rank_correlation():
     t = lambda p1, p16, name: {"params": {"name": name}, "score": {"pass@1": p1, "pass@16": p16}}  # noqa: E731
     assert results.best_trial([t(0.10, 0.3, "a"), t(0.12, 0.2, "b")])["params"]["name"] == "b"
@@ -2801,8 +2847,17 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     # issue 38's rule: a tied greedy score goes to the more reliable ES ranking (not the smaller step), and for GRPO
     # to the smaller lr, then the smaller beta; a lower score never wins on reliability
     assert results.llm_chosen(greedy, "es") is greedy[1] and results.llm_chosen(greedy, "grpo") is greedy[5]
+    verdicts = {v["claim"]: v for v in summary["llm_verdicts"]}  # paired over problems and seeds, from the logs
+    assert set(verdicts) == {"ES raises pass@1 (T = 1) over the base", "ES raises pass@16 (T = 1) over the base",
+                             "GRPO lowers pass@16 below the base", "GRPO lowers answer entropy below the base",
+                             "GRPO->ES adds pass@16 over GRPO"}  # no greedy evaluations, no ES and GRPO of one seed
+    es1 = runs[("es", 1)]
+    v = verdicts["ES raises pass@1 (T = 1) over the base"]
+    assert v["difference"] == pytest.approx(es1["final"]["pass@1"] - es1["base"]["pass@1"])
+    assert (v["seeds"], v["problems"]) == (1, 4) and v["half_width"] is not None
     doc = (out / "RESULTS.md").read_text()
     section = doc.split("## 8.")[1]
+    assert "SmolLM2: GRPO->ES adds pass@16 over GRPO" in doc
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
     assert section.count("(chosen)") == 2 and "results/llm-curves.png" in section
     assert (out / "results" / "llm-curves.png").stat().st_size > 1000
