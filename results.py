@@ -11,10 +11,11 @@ every evaluation), in the order of RESULTS.md, one function per section:
     1. claim_passk      base, GRPO, ES, GRPO->ES, ES->GRPO at equal updates and at equal generations, over seeds
     2. claim_diversity  JS diversity of the ES population against the Pass@K gain, across every ES run
     3. claim_sequential the schedules against GRPO, and the switch-point sweep
-    4. claim_sparsity   drift, keep-curves, forgetting, compression: ES against GRPO at a matched pass@1 gain
+    4. claim_sparsity   drift, keep-curves, forgetting, compression: ES against GRPO at a matched pass@1 gain,
+                        over seeds
     5. claim_population population size against model size, until the choice is not at the grid's edge
     6. question_cost    generations and seconds to a matched quality; memory of one step
-    7. question_temperature  does sampling hotter recover coverage from each model
+    7. question_temperature  does sampling hotter recover coverage from each model, over seeds
     8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/
 
 Every section returns plain data; `collect` puts it in summary.json and `render` writes RESULTS.md and the plots from
@@ -125,6 +126,10 @@ class Args:
     """ES iterations of each population-size run; in [1, inf)"""
     lr_divisors: str = "10,100"
     """GRPO learning rates below the tuned one for the sparsity comparison (tuned lr / each)"""
+    sparsity_seeds: str = "0,1,2"
+    """seeds of the equal-updates ES runs the sparsity claims are decided over (each against GRPO of its seed)"""
+    forget_problems: int = 1000
+    """unseen-family problems of the forgetting measurement (n = 16 each); in [1, inf)"""
     llm_runs: str = os.path.join(HERE, "results", "llm")
     """folder of docs/llm.md's SmolLM2 logs (tune/NAME/ and METHOD-seedS/, each a log.jsonl); reported when present"""
     llm: bool = False
@@ -452,38 +457,42 @@ def claim_sequential(runs, chosen, passk_data):
 
 
 # ---- 4. sparsity, forgetting and compression at a matched gain -------------------------------------------------------
-def matched_grpo(runs, lr, beta, target, max_steps, start, wait=True):
-    """GRPO at lr, continued in chunks until its held-out pass@1 (n = 16) gain reaches target - 0.01 or max_steps:
-    resuming is exact, so the final checkpoint is the first one at that gain. Returns (folder, steps, gain)."""
+def matched_grpo(runs, lr, beta, target, max_steps, start, wait=True, seed=0):
+    """GRPO at lr (and seed), continued in chunks until its held-out pass@1 (n = 16) gain reaches target - 0.01 or
+    max_steps: resuming is exact, so the final checkpoint is the first one at that gain. Returns (folder, steps,
+    gain)."""
     marks = sorted({m for m in (2, 4, 6, 8, 10, 14, 18, 24, 30, 40, 50, 65, 80, 100, 130, 160, 200, 250, 300, 380,
                                 480, 600, 800, 1000) if m < max_steps} | {max_steps})
-    out = runs.path("matched", f"grpo-lr{lr:g}-beta{beta:g}", "x")[:-2]
+    tag = f"lr{lr:g}-beta{beta:g}" + (f"-seed{seed}" if seed else "")
+    out = runs.path("matched", f"grpo-{tag}", "x")[:-2]
 
     def go():
         shutil.rmtree(out, ignore_errors=True)  # a killed search starts again (its chunks are cheap)
         gain, steps = None, 0
         for m in marks:  # eval_every = save_every = 0: each chunk evaluates and saves at its end, same flags
             g = sequential.grpo.Args(model=runs.args.model, task=runs.args.task, iterations=m, lr=lr, beta=beta,
-                                     eval_every=0, eval_n=16, eval_split="test", eval_problems=runs.args.eval_problems,
+                                     seed=seed, eval_every=0, eval_n=16, eval_split="test",
+                                     eval_problems=runs.args.eval_problems,
                                      threads=runs.args.threads, out=out, resume=out if steps else "",
                                      **runs.grpo_cfg)
-            print(f"[results] matched-gain GRPO lr {lr:g}: to step {m}", flush=True)
+            print(f"[results] matched-gain GRPO lr {lr:g} seed {seed}: to step {m}", flush=True)
             sequential.grpo.train(g)
             last = evals(es.read_log(os.path.join(out, "log.jsonl")))[-1]
             gain, steps = last["pass@1"] - start, m
             if gain >= target - 0.01:
                 break
         return {"steps": steps, "gain": gain}
-    r = runs.cached(f"matched-grpo-lr{lr:g}", go, wait)
+    r = runs.cached(f"matched-grpo-lr{lr:g}" + (f"-seed{seed}" if seed else ""), go, wait)
     return r and (out, r["steps"], r["gain"])
 
 
-def claim_sparsity(runs, chosen):
-    """The ES model: the seed-0 equal-updates ES run. GRPO: the tuned lr (equal generations) and lr / each divisor,
-    each trained to the same held-out pass@1 gain (or to the equal-generations budget). sparsity.py on each."""
+def sparsity_seed(runs, chosen, seed):
+    """One seed of claim 4: the seed's equal-updates ES run; GRPO of that seed at the tuned lr (equal generations) and
+    lr / each divisor, each trained to the same held-out pass@1 gain (or to the equal-generations budget); sparsity.py
+    on each, with --forget-problems unseen-family problems."""
     a, (plan, G) = runs.args, budgets(runs)
     p = params_for(chosen, "equal-updates")
-    es_dir, _ = runs.schedule(plan["equal-updates"]["es"], p, 0)
+    es_dir, _ = runs.schedule(plan["equal-updates"]["es"], p, seed)
     base16, es16 = runs.evaluate(a.model, n=16), runs.evaluate(es_dir, n=16)
     target = es16["pass@1"] - base16["pass@1"]
     lr, beta = chosen["grpo"]["equal-generations"]["lr"], chosen["grpo"]["equal-generations"]["beta"]
@@ -491,21 +500,23 @@ def claim_sparsity(runs, chosen):
                      "search_gain": target}}
     lrs = [lr / d for d in [1.0] + numbers(a.lr_divisors)]
     found = runs.all(lambda x, wait: matched_grpo(runs, x, beta, target, G // runs.per_it["grpo"], base16["pass@1"],
-                                                  wait), lrs)
+                                                  wait, seed), lrs)
     for (folder, steps, gain), d in zip(found, [1.0] + numbers(a.lr_divisors)):
         models[f"grpo-lr{lr / d:g}"] = {"folder": folder, "label": f"GRPO lr {lr / d:g} ({steps} steps)",
                                         "steps": steps, "search_gain": gain, "lr": lr / d}
+    tag = f"-seed{seed}" if seed else ""
+
     def analyse(key, wait):
-        folder = runs.path("sparsity", key, "x")[:-2]
+        folder = runs.path("sparsity", key + tag, "x")[:-2]
 
         def go():
             sparsity.run(sparsity.Args(base=a.model, tuned=models[key]["folder"], task=a.task, out=folder,
-                                       threads=a.threads, **runs.sparsity_kw))
+                                       threads=a.threads, forget_problems=a.forget_problems, **runs.sparsity_kw))
             return [json.loads(x) for x in open(os.path.join(folder, "sparsity.jsonl"))]
-        return runs.cached(f"sparsity-{key}", go, wait)
-    out = {}
+        return runs.cached(f"sparsity-{key}{tag}-f{a.forget_problems}", go, wait)
+    out, forget = {}, {}
     for key, recs in zip(models, runs.all(analyse, list(models))):
-        m, folder = models[key], runs.path("sparsity", key, "x")[:-2]
+        m, folder = models[key], runs.path("sparsity", key + tag, "x")[:-2]
         ev = {r["model"]: r for r in recs if r["kind"] == "eval"}
         fr = {r["model"]: r for r in recs if r["kind"] == "forgetting"}
         big = max((k for k in fr["base"] if k.startswith("forget_pass@")), key=lambda k: int(k.split("@")[1]))
@@ -520,8 +531,11 @@ def claim_sparsity(runs, chosen):
                     "lm_loss": [fr["base"]["lm_loss"], fr["tuned"]["lm_loss"]], "forget_k": big_k,
                     "forget_pass@1": [fr["base"]["forget_pass@1"], fr["tuned"]["forget_pass@1"]],
                     "forget_pass@k": [fr["base"][big], fr["tuned"][big]],
+                    "forget_problems": len(fr["base"]["forget_correct"]),
                     "compress": [{"method": r["method"], "retained": r.get("retained_pass@1")}
                                  for r in recs if r["kind"] == "compress" and r["model"] == "tuned"]}
+        n, k = runs.sparsity_kw["eval_n"], int(big_k)  # per problem: the unseen family's pass@k, base and tuned
+        forget[key] = [[passk.pass_at_k(n, c, k) for c in fr[w]["forget_correct"]] for w in ("base", "tuned")]
     e = out["es"]
     pairs = []
     for key in out:
@@ -529,24 +543,50 @@ def claim_sparsity(runs, chosen):
             g = out[key]
             pairs.append({"grpo": key, "ratio": e["relative_l2"] / max(g["relative_l2"], 1e-12),
                           "gain_gap": e["gain"] - g["gain"], "matched": abs(e["gain"] - g["gain"]) <= 0.02})
-    sparse = e["gain"] >= 0.01 and e["keep_top"] is not None and e["keep_top"] <= 30 and (
-        e["keep_random"] is None or e["keep_top"] < e["keep_random"])
-    drift_far = all(p["ratio"] > 1 for p in pairs if p["matched"]) and any(p["matched"] for p in pairs)
-    forgot = e["forget_pass@k"][1] - e["forget_pass@k"][0]
-    verdicts = [{"claim": "ES drifts farther than GRPO at a matched gain (relative L2 ratio ES / GRPO, the "
-                          "smallest over matched pairs)",
-                 "verdict": "not testable here (no pair matched within 0.02)" if not any(p["matched"] for p in pairs)
-                 else "holds" if drift_far else "does not hold",
-                 "difference": min((p["ratio"] for p in pairs if p["matched"]), default=None), "half_width": None,
-                 "seeds": 1},
-                {"claim": "ES's gain lives in a sparse set of large updates (90% of it from the top 30% or less, "
-                          "fewer than random)", "verdict": "not testable here (gain under 0.01)" if e["gain"] < 0.01
-                 else "holds" if sparse else "does not hold", "difference": e["keep_top"], "half_width": None,
-                 "seeds": 1},
-                {"claim": f"no catastrophic forgetting under ES (unseen-family pass@{e['forget_k']} falls by 0.03 "
-                          "or less)", "verdict": "holds" if forgot >= -0.03 - 1e-9 else "does not hold",
-                 "difference": forgot, "half_width": None, "seeds": 1}]
-    return {"target": target, "models": out, "pairs": pairs, "verdicts": verdicts}
+    return {"seed": seed, "target": target, "models": out, "pairs": pairs, "forget": forget}
+
+
+def claim_sparsity(runs, chosen):
+    """Claim 4 over --sparsity-seeds (sparsity_seed for each), every verdict a mean over seeds with its interval: the
+    drift ratio as the mean of log10(ES / GRPO relative L2) over seeds, each seed's smallest over its matched pairs;
+    the sparsity as 30 - the top share (%) that keeps 90% of the gain; forgetting paired over problems and seeds: per
+    unseen-family problem, the seeds' mean change of pass@k (ES, and ES against GRPO at the tuned lr: the same base).
+    The table and the plots are seed 0's."""
+    seeds = [int(x) for x in runs.args.sparsity_seeds.split(",")]
+    per = [sparsity_seed(runs, chosen, s) for s in seeds]
+    first = per[0]
+    grpo_key = next(k for k in first["models"] if k != "es")  # the tuned lr: the pair a user would compare
+    ratios = [math.log10(min(p["ratio"] for p in r["pairs"] if p["matched"])) for r in per
+              if any(p["matched"] for p in r["pairs"])]
+    sparse = [30.0 - (100.0 if r["models"]["es"]["keep_top"] is None else r["models"]["es"]["keep_top"]) for r in per
+              if r["models"]["es"]["gain"] >= 0.01]
+    K = first["models"]["es"]["forget_k"]
+    drop = [np.asarray(r["forget"]["es"][1]) - np.asarray(r["forget"]["es"][0]) for r in per]
+    versus = [np.asarray(r["forget"]["es"][1]) - np.asarray(r["forget"][grpo_key][1]) for r in per]
+    def over_seeds(claim, values, why):
+        if len(values) >= 2:
+            return verdict(claim, values)
+        return {"claim": claim, "verdict": f"not testable here ({why})", "difference": values[0] if values else None,
+                "half_width": None, "seeds": len(values)}
+    drift_v = over_seeds("ES drifts farther than GRPO at a matched gain (log10 of the relative L2 ratio ES / GRPO, "
+                         "each seed's smallest over its matched pairs)", ratios,
+                         f"{len(ratios)} seed(s) with a pair matched within 0.02")
+    sparse_v = over_seeds("ES's gain lives in a sparse set of large updates (30 - the top share of updates, %, that "
+                          "keeps 90% of the gain)", sparse, f"{len(sparse)} seed(s) with a gain of 0.01 or more")
+    forget_v = verdict(f"no catastrophic forgetting under ES (unseen-family pass@{K} falls by 0.03 or less; paired "
+                       "over problems and seeds)", np.mean(drop, axis=0), margin=0.03)
+    versus_v = verdict(f"ES keeps as much unseen-family pass@{K} as GRPO at a matched gain (ES - GRPO at the tuned lr; "
+                       "paired over problems and seeds)", np.mean(versus, axis=0))
+    for v in (forget_v, versus_v):
+        v.update(seeds=len(per), problems=len(drop[0]))
+    verdicts = [drift_v, sparse_v, forget_v, versus_v]
+    return {"target": first["target"], "models": first["models"], "pairs": first["pairs"],
+            "seeds": [{"seed": r["seed"], "target": r["target"], "pairs": r["pairs"],
+                       **{k: r["models"]["es"][k] for k in ("gain", "keep_top", "keep_random", "relative_l2")},
+                       "forget_change": float(np.mean(r["forget"]["es"][1]) - np.mean(r["forget"]["es"][0])),
+                       "grpo_forget_change": float(np.mean(r["forget"][grpo_key][1])
+                                                   - np.mean(r["forget"][grpo_key][0]))} for r in per],
+            "verdicts": verdicts}
 
 
 # ---- 5. population size against model size ---------------------------------------------------------------------------
@@ -651,13 +691,36 @@ def question_cost(runs, passk_data):
 
 # ---- 7. sampling temperature ------------------------------------------------------------------------------------------
 def question_temperature(runs, chosen):
+    """The equal-generations models of every seed (and the base) at each temperature: rows are means over seeds.
+    Verdicts: raising T from 1 to the hottest recovers pass@K for GRPO, for ES (each seed's change), and ES gains
+    more from it than GRPO (paired by seed): the paper's open question, does an ES-trained model make
+    inference-time diversity methods work again?"""
     a, (plan, _) = runs.args, budgets(runs)
     p = params_for(chosen, "equal-generations")
-    jobs = [(name, a.model if name == "base" else runs.schedule(plan["equal-generations"][name], p, 0)[0], T)
-            for name in ("base", "grpo", "es", "grpo-es") for T in numbers(a.temperatures)]
-    done = runs.all(lambda j, wait: runs.evaluate(j[1], T=j[2], wait=wait), jobs)
-    return {"rows": [{"name": j[0], "T": j[2], **{k: sm[k] for k in sm if k.startswith(("pass@", "maj@"))}}
-                     for j, sm in zip(jobs, done)]}
+    seeds, temps = [int(x) for x in a.seeds.split(",")], numbers(a.temperatures)
+    jobs = [("base", None, a.model, T) for T in temps] + [
+        (name, seed, runs.schedule(plan["equal-generations"][name], p, seed)[0], T)
+        for name in ("grpo", "es", "grpo-es") for seed in seeds for T in temps]
+    done = runs.all(lambda j, wait: runs.evaluate(j[2], T=j[3], wait=wait), jobs)
+    per = [{"name": j[0], "seed": j[1], "T": j[3], **{k: sm[k] for k in sm if k.startswith(("pass@", "maj@"))}}
+           for j, sm in zip(jobs, done)]
+    rows = []
+    for name in ("base", "grpo", "es", "grpo-es"):
+        for T in temps:
+            mine = [r for r in per if r["name"] == name and r["T"] == T]
+            rows.append({"name": name, "T": T, "seeds": len(mine) if name != "base" else 0,
+                         **{k: float(np.mean([r[k] for r in mine])) for k in mine[0]
+                            if k.startswith(("pass@", "maj@"))}})
+    K, hot = a.eval_n, max(temps)
+    gain = {name: [next(r for r in per if r["name"] == name and r["seed"] == s and r["T"] == hot)[f"pass@{K}"]
+                   - next(r for r in per if r["name"] == name and r["seed"] == s and r["T"] == 1.0)[f"pass@{K}"]
+                   for s in seeds] for name in ("grpo", "es")}
+    verdicts = [verdict(f"raising T from 1 to {hot:g} recovers pass@{K} for GRPO", gain["grpo"]),
+                verdict(f"raising T from 1 to {hot:g} recovers pass@{K} for ES", gain["es"]),
+                verdict(f"an ES-trained model gains more pass@{K} than GRPO's from raising T to {hot:g} (the open "
+                        "question: does ES make inference-time diversity work again?)",
+                        [e - g for e, g in zip(gain["es"], gain["grpo"])])]
+    return {"rows": rows, "per_seed": per, "verdicts": verdicts}
 
 
 # ---- 8. the SmolLM2 runs of docs/llm.md --------------------------------------------------------------------------------
@@ -860,7 +923,7 @@ def collect(args, typed):
     s["diversity"] = claim_diversity(es_logs)
     s["temperature"] = question_temperature(runs, chosen)
     s["llm"], s["llm_tuning"], s["llm_verdicts"] = question_llm(args.llm_runs)
-    s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population")
+    s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population", "temperature")
                      for v in s[sec]["verdicts"]]
     s["compute_minutes"] = runs.compute_minutes()
     s["flags"] = flags_text(typed)
@@ -888,6 +951,7 @@ def vline(v):
     hw = "" if v["half_width"] is None else f" ± {v['half_width']:.3f}"
     d = "" if v["difference"] is None else f", difference {v['difference']:+.3f}{hw}"
     n = f"{v['runs']} runs" if "runs" in v else f"{v['seeds']} seed" + "s" * (v["seeds"] != 1)
+    n = f"{v['problems']} problems x {n}, paired" if "problems" in v else n
     return f"- **{v['claim']}: {v['verdict']}**{d} ({n})."
 
 
@@ -1195,6 +1259,16 @@ def render(s, doc, figures):
     for i, c in enumerate(first["compress"]):
         cells = [m["compress"][i]["retained"] if i < len(m["compress"]) else None for m in sp["models"].values()]
         L.append(f"| {c['method']} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in cells) + " |")
+    if "seeds" in sp:  # claim 4 over seeds: each seed's figures, then the verdicts over them
+        L += ["", "Over seeds (ES of each seed against GRPO of the same seed; forgetting on "
+              f"{sp['verdicts'][2].get('problems', '')} unseen-family problems):", "",
+              "| seed | ES gain | drift ratio (matched pairs) | 90% of the gain from top | random | unseen pass@k "
+              "change ES | GRPO (tuned lr) |", "|---|---|---|---|---|---|---|"]
+        for r in sp["seeds"]:
+            ratios = ", ".join(f"{p['ratio']:.0f}x" for p in r["pairs"] if p["matched"]) or "none matched"
+            L.append(f"| {r['seed']} | {r['gain']:+.3f} | {ratios} | {sparsity.q_text(r['keep_top'])} | "
+                     f"{sparsity.q_text(r['keep_random'])} | {r['forget_change']:+.3f} | "
+                     f"{r['grpo_forget_change']:+.3f} |")
     L += ["", fig("sparsity-es-keep.png"), ""] + [vline(v) for v in sp["verdicts"]] + [""]
     # claim 5
     po = s["population"]
@@ -1238,9 +1312,14 @@ def render(s, doc, figures):
     hot = max(r["T"] for r in rows)
     gain = {n: next(r for r in rows if r["name"] == n and r["T"] == hot)[f"pass@{K}"]
             - next(r for r in rows if r["name"] == n and r["T"] == 1.0)[f"pass@{K}"] for n in ("grpo", "es")}
-    L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
-          f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
-          "(one seed: a direction, not a verdict).", ""]
+    if "verdicts" in s["temperature"]:  # over seeds
+        n = max(r["seeds"] for r in rows)
+        L += ["", f"Equal-generations models, mean over {n} seeds (the base model is one). " + fig("temperature.png"),
+              ""] + [vline(v) for v in s["temperature"]["verdicts"]] + [""]
+    else:
+        L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
+              f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
+              "(one seed: a direction, not a verdict).", ""]
     if s.get("llm"):
         L += render_llm(s["llm"], s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
     L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
@@ -1256,7 +1335,7 @@ def render(s, doc, figures):
 QUICK = dict(seeds="0,1", sweep_seeds="0,1", updates=2, es_population=4, es_prompts=4, grpo_prompts=2, grpo_group=4,
              es_sigmas="0.02", es_alphas="0.008,0.03", grpo_lrs="2e-4,1e-3", grpo_betas="0", val_problems=8,
              eval_problems=10, eval_n=16, switches="0.25", temperatures="1.0,1.3", sizes="32x1,48x1", size_steps=5,
-             populations="2,4", max_population=8, pop_iterations=2)
+             populations="2,4", max_population=8, pop_iterations=2, sparsity_seeds="0,1", forget_problems=12)
 
 
 def check(args):

@@ -63,6 +63,9 @@ class Args:
     """held-out task for forgetting ('auto': the unseen family of toy or toy4, FORGET below; '' for none)"""
     forget_data: str = ""
     """local data file for --forget-task"""
+    forget_problems: int = 0
+    """problems of --forget-task (0: --eval-problems); each one's count of correct samples goes in the record, so a
+    drop can be paired over problems; in [0, inf)"""
     lm_sequences: int = 2048
     """embedded model: sequences of fresh pretraining text for the language-model loss (0 to skip); in [0, inf)"""
     eval_problems: int = 200
@@ -283,17 +286,18 @@ def run(args):
     work = base_model  # every evaluated model is these weights written into one model object
     params = dict(work.named_parameters())
     held_out = task.examples("test", args.eval_problems, seed=1234)
-    family = forget.examples("test", args.eval_problems, seed=1234) if forget else None
+    family = forget.examples("test", args.forget_problems or args.eval_problems, seed=1234) if forget else None
     records = []
 
-    def evaluate(weights, t=task, examples=held_out):
+    def evaluate(weights, t=task, examples=held_out, per_problem=False):
         with torch.no_grad():
             for k, p in params.items():
                 p.copy_(weights[k].to(p.device))
-        summary, _ = passk.evaluate(work, tok, t, examples, n=args.eval_n, max_new_tokens=args.max_new_tokens,
-                                    batch_size=args.batch_size, seed=args.seed)
-        return {k: v for k, v in summary.items() if k.startswith("pass@") or k.endswith("entropy")
-                or k in ("mean_length", "reward")}
+        summary, recs = passk.evaluate(work, tok, t, examples, n=args.eval_n, max_new_tokens=args.max_new_tokens,
+                                       batch_size=args.batch_size, seed=args.seed)
+        return {**{k: v for k, v in summary.items() if k.startswith("pass@") or k.endswith("entropy")
+                   or k in ("mean_length", "reward", "problems")},
+                **({"correct": [r["correct"] for r in recs]} if per_problem else {})}
 
     matrices = compressible(work, base)
     jobs = [("eval", "base", None), ("eval", "tuned", None)]
@@ -320,7 +324,8 @@ def run(args):
             for which, w in (("base", base), ("tuned", tuned)):
                 rec = {"kind": "forgetting", "model": which}
                 if forget is not None:
-                    rec.update(task=forget_name, **{f"forget_{k}": v for k, v in evaluate(w, forget, family).items()})
+                    rec.update(task=forget_name, **{f"forget_{k}": v for k, v in  # per-problem: paired intervals
+                                                    evaluate(w, forget, family, per_problem=True).items()})
                 if embedded and args.lm_sequences:
                     with torch.no_grad():
                         for k, p in params.items():

@@ -2771,6 +2771,23 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert len(summary["verdicts"]) >= 15
     assert all(set(v) >= {"claim", "verdict", "difference", "half_width"} for v in summary["verdicts"])
     assert summary["compute_minutes"] > 0
+    # claim 4 and question 7 over seeds (issue 37): each seed's figures, verdicts over them, forgetting per problem
+    sp = summary["sparsity"]
+    assert [r["seed"] for r in sp["seeds"]] == [0, 1] and len(sp["verdicts"]) == 4
+    forget = sp["verdicts"][2]
+    assert forget["problems"] == 12 and forget["seeds"] == 2 and forget["half_width"] is not None
+    assert forget["difference"] == pytest.approx(np.mean([r["forget_change"] for r in sp["seeds"]]))
+    assert sp["models"]["es"]["forget_problems"] == 12
+    temp = summary["temperature"]
+    assert len(temp["verdicts"]) == 3 and all(v["seeds"] == 2 and v["half_width"] is not None
+                                              for v in temp["verdicts"])
+    assert {(r["name"], r["seed"]) for r in temp["per_seed"]} == {("base", None)} | {
+        (n, s) for n in ("grpo", "es", "grpo-es") for s in (0, 1)}
+    hot = [r for r in temp["per_seed"] if r["T"] == 1.3]
+    gain = lambda n: [next(r for r in hot if r["name"] == n and r["seed"] == s)["pass@16"]  # noqa: E731
+                      - next(r for r in temp["per_seed"] if r["name"] == n and r["seed"] == s and r["T"] == 1.0)[
+                          "pass@16"] for s in (0, 1)]
+    assert temp["verdicts"][2]["difference"] == pytest.approx(np.mean(gain("es")) - np.mean(gain("grpo")))
     assert "wrote" not in (out / "worker-1.log").read_text()  # the helper (--workers 2) made runs, no report
     doc = (out / "RESULTS.md").read_text()
     for section in ("## 0.", "## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## Every verdict"):
