@@ -843,17 +843,17 @@ class ReasoningGymTask(Task):
         """The first n distinct questions of the split in reasoning-gym's seeded order. A small dataset repeats its
         questions (two-term one-digit chain_sum has 143 train, 16 val, 41 test), and a repeated problem would count
         twice in a Pass@k and in an interval: train returns what there is; val and test refuse to pad."""
-        size, done, seen, out = max(16, 6 * n if split == 'test' else 2 * n), 0, set(), []
-        while True:
-            before = len(out)
-            for e in self._entries(seed, size)[done:]:  # a larger size extends the seeded stream (tested)
+        size, found = max(16, 6 * n if split == 'test' else 2 * n), -1
+        while True:  # each round from scratch: a dataset whose first entries depend on its size stays consistent
+            seen, out = set(), []
+            for e in self._entries(seed, size):
                 if split in ('all', rg_split(e['question'])) and e['question'] not in seen:
                     seen.add(e['question'])
                     out.append({'question': e['question'], 'answer': str(e['answer']),
                                 **{k: e['metadata'][k] for k in ('numbers', 'target') if k in e['metadata']}})
-            done, size = size, size * 2
-            if len(out) >= n or size > 100 * n + 2000 or (len(out) == before and done > 4 * n):
+            if len(out) >= n or size > 100 * n + 2000 or (len(out) == found and size > 4 * n):
                 break
+            size, found = size * 2, len(out)
         if len(out) < n and split != 'train':
             raise UsageError(f'{self.name}: its {split} split has {len(out)} distinct questions, fewer than the '
                              f'{n} asked for (a harder variant has more, e.g. max_digits=2)')
