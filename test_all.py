@@ -2693,9 +2693,15 @@ def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_qu
                ("es", 1): {"base": base, "final": results.per_problem(rec([2, 1, 2, 1], [1, 1, 1, 0]))},
                ("grpo", 1): {"base": base, "final": results.per_problem(rec([4, 0, 4, 0], [1, 0, 1, 0]))}}
     v = results.llm_paired(figures, "c", "es", "greedy_pass@1")
-    # per problem the seeds' mean gain: (1, 0.5, 0, 0); mean 0.375; t(3) * sd / 2
+    # gains per seed (1, 0, 0, 0) and (1, 1, 0, 0): mean 0.375; the variance of the mean adds the problems' (their
+    # means 1, .5, 0, 0: 0.6875 / 3 / 4) and the seeds' (their means .25, .5: 0.03125 / 2); Satterthwaite df 3.97 -> 3
     assert v["difference"] == pytest.approx(0.375) and (v["seeds"], v["problems"]) == (2, 4)
-    assert v["half_width"] == pytest.approx(3.18 * np.std([1, 0.5, 0, 0], ddof=1) / 2)
+    assert v["half_width"] == pytest.approx(3.18 * math.sqrt(0.6875 / 3 / 4 + 0.03125 / 2))
+    m, h = results.crossed_interval([[0.1, 0.3]])  # one seed: the problems' spread alone, t at df 1
+    assert m == pytest.approx(0.2) and h == pytest.approx(12.71 * math.sqrt(0.02 / 2))
+    assert results.crossed_interval([[1.0], [1.0]]) == (1.0, 0.0)
+    one = {("es", 0): figures[("es", 0)], ("grpo", 0): {"final": {"pass@1": [0.5]}}}  # other problems: no pair
+    assert results.llm_paired(one, "c", "es", "pass@1", other="grpo") is None
     vs = results.llm_paired(figures, "c", "es", "pass@1", other="grpo")  # only seed 1 has both
     assert vs["seeds"] == 1 and vs["difference"] == pytest.approx(np.mean([0.5 - 1, 0.25, 0.5 - 1, 0.25]))
     assert results.llm_paired(figures, "c", "grpo-es", "pass@1") is None
