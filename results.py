@@ -819,15 +819,17 @@ def question_llm(folder):
             at = next(r for r in src if r.get("type") == "train" and r["iteration"] == step)
             before, wall = at["generations"], at["wall"]
             prefix = [e for e in llm_log_evals(src) if e["iteration"] < step]
-        ev_all = prefix + [{**e, "generations": before + e["generations"], "wall": wall + e["wall"]} for e in ev]
+        ev_all = prefix + [{**e, "generations": before + e["generations"], "wall": wall + e["wall"],
+                            "iteration": e["iteration"] + (start[1] if start else 0)} for e in ev]
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
                      **({"grpo_steps": start[1]} if start else {}),
                      "generations": before + train[-1]["generations"], "wall_minutes": (wall + train[-1]["wall"]) / 60,
                      "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
                      "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
                      "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all],
-                     **({"greedy_curve": [[e["generations"], e["wall"] / 60, e["greedy_pass@1"]] for e in ev_all
-                                          if "greedy_pass@1" in e]} if "greedy_pass@1" in ev[-1] else {})})
+                     **({"greedy_curve": [[e["generations"], e["wall"] / 60, e["greedy_pass@1"], e["iteration"]]
+                                          for e in ev_all if "greedy_pass@1" in e]} if "greedy_pass@1" in ev[-1]
+                        else {})})
         if "correct" in ev[-1]:  # issue 38's logs: per-problem figures, for verdicts paired over problems and seeds
             figures[method, int(seed)] = {"base": per_problem(ev_all[0]), "final": per_problem(ev[-1])}
     grid = lambda t: (t["method"], *(t["params"].get(k, 0) for k in ("sigma", "alpha", "lr")))  # noqa: E731
@@ -1093,6 +1095,22 @@ def plots(s, figdir):
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
         save(fig, "llm-curves.png")
+        greedy = [r for r in s["llm"] if "greedy_curve" in r]
+        if greedy:  # issue 38's runs: greedy pass@1 over updates and over generations, every method side by side
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+            for r in greedy:
+                c = r["greedy_curve"]
+                for ax, j in zip(axes, (3, 0)):
+                    ax.plot([p[j] for p in c], [p[2] for p in c], marker="o",
+                            color=f"C{LLM_METHODS.index(r['method'])}", linestyle="-" if r["seed"] == 0 else "--",
+                            label=f"{LABEL[r['method']]} seed {r['seed']}")
+            for ax, x in zip(axes, ("updates (ES iterations, GRPO steps)", "sampled generations")):
+                ax.set_xlabel(x)
+                ax.set_ylabel("held-out greedy pass@1")
+                ax.grid(alpha=0.3)
+            axes[1].set_xscale("symlog", linthresh=1000)
+            axes[0].legend(fontsize=7)
+            save(fig, "llm-greedy.png")
     for key, m in s["sparsity"]["models"].items():
         for png in ("keep.png", "compress.png"):
             src = os.path.join(m["folder"], png)
@@ -1184,6 +1202,8 @@ def render_llm(runs, tuning, figures, verdicts=()):
     for v in verdicts:
         L.append(f"- {v['claim']}: **{v['verdict']}** ({fmt(v['difference'], v['half_width'])}; {v['problems']} "
                  f"problems x {v['seeds']} seed{'s' if v['seeds'] > 1 else ''}, paired).")
+    if any("greedy_curve" in r for r in runs):
+        L += ["", "Greedy pass@1 over updates and over generations: " + fig("llm-greedy.png"), ""]
     cost = llm_cost(runs)
     if cost:
         L.append(f"- Cost at matched quality (greedy pass@1 {cost['target']:.3f}, the highest both reach): ES "

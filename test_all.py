@@ -2812,7 +2812,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert (out / "RESULTS.md").read_text() == doc
     # a rerun reuses every run and evaluation; the real-LLM section reads logs of this shape
     cache = sorted(os.listdir(out / "cache"))
-    grpo.main(small_grpo(tmp_path, "llm/grpo-seed0", eval_n=16))
+    grpo.main(small_grpo(tmp_path, "llm/grpo-seed0", eval_n=16, eval_greedy=4))
     es.main(small_es(tmp_path, "llm/es-seed1", seed=1, eval_n=16))
     sequential.main(sequential.Args(schedule="grpo:1,es:1", eval_problems=4, eval_n=16, eval_every=0, threads=1,
                                     max_new_tokens=10, out=str(llm / "grpo-es-seed0"),
@@ -2884,6 +2884,8 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
     assert section.count("(chosen)") == 2 and "results/llm-curves.png" in section
     assert (out / "results" / "llm-curves.png").stat().st_size > 1000
+    assert [p[3] for p in runs[("grpo", 0)]["greedy_curve"]] == [0, 2]  # updates; and its plot
+    assert (out / "results" / "llm-greedy.png").stat().st_size > 1000 and "results/llm-greedy.png" in section
     assert "ES held-out pass@1: seed 1" in section and "At equal generations" in section
     # --llm: section 8 again from the logs alone (no other run), the same report
     (out / "RESULTS.md").unlink()
