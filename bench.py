@@ -561,19 +561,20 @@ def part_f(ctx):
 
 
 # ---- g. settings for a real model -----------------------------------------------------------------------------------
-def bf16_noise_error(master, sigma=1e-3, seed=0):
-    """What bf16 working weights do to a full-rank perturbation: es.py writes bf16(w + sigma*eps), so a member's
-    effective perturbation is that minus bf16(w). Over every matrix: its relative L2 error against sigma*eps and the
-    fraction of entries whose perturbation rounds away entirely."""
-    err = ref = lost = n = 0.0
-    for k, (name, w) in enumerate(master.items()):
+def full_rank_applied(master, sigma, dtype=torch.bfloat16, seed=0):
+    """What working weights in dtype do to member 0's full-rank perturbation: es.py writes dtype(w + sigma*eps), so the
+    applied perturbation is that minus dtype(w). Over every matrix: {cosine, relative_l2_error} against sigma*eps and
+    entries_lost, the share of entries whose perturbation rounds away entirely."""
+    dot = got2 = ref2 = err = lost = n = 0.0
+    for name, w in master.items():
         if w.dim() != 2:
             continue
-        d = sigma * es.noise(seed, 0, k, name, w)
-        got = (w + d).bfloat16().float() - w.bfloat16().float()
-        err, ref = err + float((got - d).pow(2).sum()), ref + float(d.pow(2).sum())
-        lost, n = lost + float((got == 0).sum()), n + w.numel()
-    return math.sqrt(err / ref), lost / n
+        d = sigma * es.noise(seed, 0, 0, name, w)
+        got = (w + d).to(dtype).float() - w.to(dtype).float()
+        dot, got2, ref2 = dot + float((got * d).sum()), got2 + float(got.pow(2).sum()), ref2 + float(d.pow(2).sum())
+        err, lost, n = err + float((got - d).pow(2).sum()), lost + float((got == 0).sum()), n + w.numel()
+    return {"cosine": dot / math.sqrt(max(got2 * ref2, 1e-300)), "relative_l2_error": math.sqrt(err / ref2),
+            "entries_lost": lost / n}
 
 
 def part_g(ctx):
@@ -615,33 +616,22 @@ def part_g(ctx):
     finally:
         undo()
         del bf16
-    rel, lost = bf16_noise_error(ctx.master)
-    record(ctx, "g", "bf16 working weights: a sigma=1e-3 full-rank perturbation as written", relative_l2_error=rel,
-           entries_lost=lost)
+    r = full_rank_applied(ctx.master, 1e-3)
+    record(ctx, "g", "bf16 working weights: a sigma=1e-3 full-rank perturbation as written",
+           relative_l2_error=r["relative_l2_error"], entries_lost=r["entries_lost"])
 
 
 # ---- i. what the working dtype does to a member's perturbation ----------------------------------------------------
 def perturbation_cosines(model, master, inputs, sigma, rank=1, seed=0):
     """A member's perturbation as the working weights apply it against sigma * eps, for both of es.py's noises.
 
-    Full-rank: es.py writes dtype(w + sigma * eps); applied = that - dtype(w), compared over every matrix with
-    sigma * eps (and the share of entries that round away). Low-rank: no weight changes; es.MemberRows adds the
+    Full-rank: full_rank_applied. Low-rank: no weight changes; es.MemberRows adds the
     member's term to each module's output, in the working dtype; applied = the hooked output - the plain one on the
     same input, compared with the exact fp32 term x (sigma * eps)^T (+ sigma * eps_bias) for every Linear and
     Embedding (inputs: {module name: its input}, e.g. captured from a forward on real prompts). Returns {noise:
     {cosine, relative_l2_error, min_module_cosine (low-rank), entries_lost (full)}}: cosine 1 is the perturbation
     kept, 0 lost."""
-    dtype = next(model.parameters()).dtype
-    dot = got2 = ref2 = err = lost = n = 0.0
-    for name, w in master.items():
-        if w.dim() != 2:
-            continue
-        d = sigma * es.noise(seed, 0, 0, name, w)
-        got = (w + d).to(dtype).float() - w.to(dtype).float()
-        dot, got2, ref2 = dot + float((got * d).sum()), got2 + float(got.pow(2).sum()), ref2 + float(d.pow(2).sum())
-        err, lost, n = err + float((got - d).pow(2).sum()), lost + float((got == 0).sum()), n + w.numel()
-    out = {"full": {"cosine": dot / math.sqrt(max(got2 * ref2, 1e-300)), "relative_l2_error": math.sqrt(err / ref2),
-                    "entries_lost": lost / n}}
+    out = {"full": full_rank_applied(master, sigma, next(model.parameters()).dtype, seed)}
     params = dict(model.named_parameters())
     name_of = {id(p): k for k, p in params.items()}
     rows = es.MemberRows(model, params, master, [0], es.Args(sigma=sigma, rank=rank, seed=seed, noise="lowrank"), 0)
@@ -700,7 +690,7 @@ def part_i(ctx):
     master = {k: p.detach().float().clone() for k, p in passk.load_model(args.model, "fp32", ctx.device)[0]
               .named_parameters()}  # the fp32 master, as es.py loads it (ctx.master is the --dtype model's)
     work = copy.deepcopy(ctx.model)
-    with torch.no_grad():  # working weights = dtype(master), as es.py's cast_params writes them
+    with torch.no_grad():  # working weights = dtype(master), as passk.cast_params leaves them
         for k, p in work.named_parameters():
             p.copy_(master[k])
     inputs = module_inputs(work, ctx.tok, [task.prompt(ex, ctx.tok) for ex in task.examples("train", 8, seed=1)])

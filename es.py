@@ -157,12 +157,6 @@ def perturb(params, master, seed, t, n, sigma, antithetic):
             torch.add(master[name], noise(seed, t, k, name, master[name]), alpha=sigma * sign, out=p)
 
 
-def cast_params(model, dtype):
-    """Change the parameters' dtype only: buffers such as RoPE's inv_freq stay fp32, as from_pretrained leaves them."""
-    for p in model.parameters():
-        p.data = p.data.to(dtype)
-
-
 def restore(params, master):
     with torch.no_grad():
         for name, p in params.items():
@@ -506,7 +500,7 @@ def save_checkpoint(model, tok, master, args, state):
     shutil.rmtree(tmp, ignore_errors=True)
     dtype = next(model.parameters()).dtype
     try:
-        cast_params(model, torch.float32)  # save the exact fp32 master, whatever the working dtype
+        passk.cast_params(model, torch.float32)  # save the exact fp32 master, whatever the working dtype
         restore(dict(model.named_parameters()), master)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -519,7 +513,7 @@ def save_checkpoint(model, tok, master, args, state):
         raise RunError(f"cannot write {final}: {e.strerror or e}; the last good checkpoint is "
                        f"{latest_checkpoint(args.out)}: fix the cause, then --resume {args.out}") from None
     finally:
-        cast_params(model, dtype)
+        passk.cast_params(model, dtype)
         restore(dict(model.named_parameters()), master)
     for old in os.listdir(args.out):  # keep only the newest checkpoint
         if re.fullmatch(r"checkpoint-\d+", old) and os.path.join(args.out, old) != final:
@@ -682,8 +676,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)
     # the held-out problems before the model loads: a split too small for them is one line, at once
-    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
-    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
+    held_out, greedy_set = passk.held_out_problems(task, args.eval_split, args.eval_problems, args.eval_greedy)
     if model is None or args.resume:
         model, tokenizer = passk.load_model(ckpt if args.resume else args.model, "fp32", device)
     model.to(device)
@@ -694,7 +687,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     del base
     if {k: v.shape for k, v in init.items()} != {k: v.shape for k, v in master.items()}:
         raise verify.UsageError(f"--resume: checkpoint {ckpt} does not fit the architecture of --model {args.model}")
-    cast_params(model, passk.DTYPES[args.dtype])
+    passk.cast_params(model, passk.DTYPES[args.dtype])
     model.eval()
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
@@ -722,13 +715,13 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         # the master in --eval-dtype, as grpo.py evaluates its weights: one numerics for every method's evaluations
         # (SmolLM2's base model: greedy pass@1 0.0625 in fp32, 0.047 in bf16 weights, on the same 128 problems)
         every = dict(model.named_parameters())
-        cast_params(model, passk.DTYPES[args.eval_dtype])
+        passk.cast_params(model, passk.DTYPES[args.eval_dtype])
         restore(every, master)
         try:
             summary = passk.held_out(model, tokenizer, task, held_out, greedy_set, args.eval_n, args.max_new_tokens,
                                      args.batch_size, rank, world)
         finally:  # the working weights again, args.dtype(master) exactly (a cast back from a coarser eval dtype
-            cast_params(model, passk.DTYPES[args.dtype])  # would keep its rounding)
+            passk.cast_params(model, passk.DTYPES[args.dtype])  # would keep its rounding)
             restore(every, master)
         if rank == 0:
             log_line(log_path, {"type": "eval", "iteration": t, **summary}, tracker)
@@ -811,7 +804,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
             dist.barrier()
     if own_tracker and tracker is not None:
         tracker.close()
-    cast_params(model, torch.float32)  # hand back the exact fp32 master (what the checkpoint holds), e.g. to a schedule
+    passk.cast_params(model, torch.float32)  # hand back the exact fp32 master (the checkpoint), e.g. to a schedule
     restore(dict(model.named_parameters()), master)
     return model, tokenizer
 

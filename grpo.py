@@ -358,10 +358,9 @@ def evaluate(run, t):
     """Held-out Pass@1..eval_n of run's policy after t steps: the one place that writes "eval" records (rank 0)."""
     run.model.eval()
     model = run.model
-    if run.args.eval_dtype != "fp32":  # a copy with its parameters (not buffers: RoPE's stay fp32, as from_pretrained
-        model = copy.deepcopy(run.model)  # leaves them) in eval_dtype: what es.py evaluates of its master too
-        for p in model.parameters():
-            p.data = p.data.to(passk.DTYPES[run.args.eval_dtype])
+    if run.args.eval_dtype != "fp32":  # a copy in eval_dtype: what es.py evaluates of its master too
+        model = copy.deepcopy(run.model)
+        passk.cast_params(model, passk.DTYPES[run.args.eval_dtype])
     summary = passk.held_out(model, run.tokenizer, run.task, run.held_out, run.greedy_set, run.args.eval_n,
                              run.args.max_new_tokens, run.args.batch_size, run.rank, run.world)
     if run.rank == 0:
@@ -516,8 +515,7 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     rank, world, device = setup_distributed(args)
     task = verify.get_task(args.task, args.data or None)
     # the held-out problems before the model loads: a split too small for them is one line, at once
-    held_out = task.examples(args.eval_split, args.eval_problems, seed=1234)
-    greedy_set = task.examples(args.eval_split, args.eval_greedy, seed=1234) if args.eval_greedy else []
+    held_out, greedy_set = passk.held_out_problems(task, args.eval_split, args.eval_problems, args.eval_greedy)
     if model is None or ckpt:
         model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
     model.float().to(device)

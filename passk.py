@@ -173,6 +173,13 @@ def resolve_model(name: str) -> str:
     return path
 
 
+def cast_params(model, dtype):
+    """Change the parameters' dtype only: buffers such as RoPE's inv_freq stay fp32, as from_pretrained leaves them
+    (es.py's working weights, and both trainers' evaluations in --eval-dtype)."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+
+
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
     """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint, and a
     schedule directory (sequential.py) its last stage's.
@@ -583,6 +590,13 @@ def evaluate(model, tokenizer, task, examples, n=16, ks=None, temperature=1.0, t
                    mean_length=tokens / (n * len(records)), reward=float(np.mean([x["reward"] for x in records])),
                    problems=len(records), n=n)
     return summary, records
+
+
+def held_out_problems(task, split, problems, greedy=0):
+    """The held-out problems of es.py's and grpo.py's evaluations, one draw for both lists: (the first `problems`, the
+    first `greedy`) of the split's problems under the evaluation's fixed seed."""
+    examples = task.examples(split, max(problems, greedy), seed=1234)
+    return examples[:problems], examples[:greedy]
 
 
 def held_out(model, tokenizer, task, examples, greedy_examples, n, max_new_tokens, batch_size, rank=0, world=1):

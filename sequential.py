@@ -357,8 +357,8 @@ def check_args(args):
     passk.check_device(args.device)
     # the held-out problems drawn here, as the stages draw them: a split the task lacks, one too small for them, or a
     # range none reaches fails before args.json is written
-    verify.get_task(args.task, args.data or None).examples(args.eval_split, max(args.eval_problems, args.eval_greedy),
-                                                           seed=1234)
+    passk.held_out_problems(verify.get_task(args.task, args.data or None), args.eval_split, args.eval_problems,
+                            args.eval_greedy)
     stages = [] if args.sweep else parse_schedule(args.schedule)
     for algo, module in ALGOS.items():
         unknown = set(getattr(args, algo)) - {f.name for f in dataclasses.fields(module.Args)} - set(SHARED + PER_STAGE)
