@@ -2730,6 +2730,23 @@ def test_results_tuning_rule_and_rank_correlation():
     assert results.rank_correlation([1, 1, 1, 1], [1, 2, 3, 4]) == (None, None)  # no spread
 
 
+def test_results_population_verdict_reads_the_intervals_not_the_point_choices():
+    cell = lambda N, m, h: {"N": N, "gain": [m, h]}  # noqa: E731
+    # 2026-12-06's 96x3 cells: the point choice is N = 4, but every N from 4 to 32 is within its interval
+    mid = [cell(2, -0.012, 0.030), cell(4, 0.025, 0.038), cell(8, 0.022, 0.015), cell(16, 0.023, 0.015),
+           cell(32, 0.023, 0.009)]
+    assert results.plausible_choices(mid, 0.025) == [4, 32]
+    sharp = [cell(4, 0.001, 0.002), cell(8, 0.010, 0.002), cell(16, 0.020, 0.002)]
+    assert results.plausible_choices(sharp, 0.020) == [16, 16]
+    assert results.plausible_choices([cell(4, 0.02, None), cell(8, 0.03, None)], 0.03) == [4, 8]  # one seed
+    assert results.population_verdict([[32, 32], [16, 16], [8, 8]]) == "holds"
+    assert results.population_verdict([[32, 32], [16, 32], [8, 16]]) == "holds"  # never rises, lower at the end
+    assert results.population_verdict([[32, 32], [2, 8], [16, 16]]) == "does not hold"  # a certain rise
+    assert results.population_verdict([[16, 16], [16, 16]]) == "does not hold"  # one N at every size
+    assert results.population_verdict([[4, 32], [2, 8], [4, 16]]) == "within noise"
+    assert results.population_verdict([[16, 32], [8, 16]]) == "within noise"  # 16 at both is allowed
+
+
 def test_results_cache_lock_is_shared_and_a_dead_owner_is_taken_over(tmp_path):
     runs = results.Runs.__new__(results.Runs)
     runs.args, runs.used = results.Args(out=str(tmp_path)), set()
@@ -2776,7 +2793,10 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert summary["chosen"]["grpo"]["equal-updates"] == results.best_trial(
         [t for t in summary["tuning"]["grpo"] if t["budget"] == "equal-updates"])["params"]
     assert len(summary["verdicts"]) >= 15
-    assert all(set(v) >= {"claim", "verdict", "difference", "half_width"} for v in summary["verdicts"])
+    assert all(set(v) >= {"claim", "verdict", "difference", "half_width", "seeds"} for v in summary["verdicts"])
+    # a decided verdict rests on 2 seeds or more, with an interval (issue 37)
+    assert all(v["seeds"] >= 2 and v["half_width"] is not None for v in summary["verdicts"]
+               if v["verdict"] in ("holds", "does not hold"))
     assert summary["compute_minutes"] > 0
     # claim 4 and question 7 over seeds (issue 37): each seed's figures, verdicts over them, forgetting per problem
     sp = summary["sparsity"]
