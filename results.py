@@ -825,7 +825,8 @@ def question_llm(folder):
             key = "greedy_pass@1" if "greedy_pass@1" in ev[-1] else "pass@1"  # issue 38's protocol: greedy
             rel = [r["fitness_reliability"] for r in train if r.get("fitness_reliability") is not None]
             probe = [r["probe_after"] - r["probe_before"] for r in train if "probe_after" in r]
-            tuning.append({"method": cfg["algo"], "run": name, "params": llm_params(cfg), "score": ev[-1][key],
+            tuning.append({"method": cfg["algo"], "run": name, "task": cfg["task"], "params": llm_params(cfg),
+                           "score": ev[-1][key],
                            "base_score": ev[0][key], "score_kind": key, "split": cfg["eval_split"],
                            "problems": ev[-1].get("greedy_problems", cfg["eval_problems"]), "iterations": len(train),
                            "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
@@ -1185,7 +1186,7 @@ def render_llm(runs, tuning, figures, verdicts=()):
     fig = lambda f: f"![{f}]({figures}/{f})"
     diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
     L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", "",
-         f"Task `{runs[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
+         f"Task `{(runs or tuning)[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
          "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
          "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step" + (
              "; on issue 38's grid the score is greedy pass@1 and a tie goes to the higher fitness reliability (ES), "
@@ -1194,13 +1195,15 @@ def render_llm(runs, tuning, figures, verdicts=()):
         "fitness reliability | probe gain | " if diag else "") + "generations | minutes |",
           "|---|---|---|" + ("---|---|" if diag else "") + "---|---|"]
     chosen = [llm_chosen(tuning, m) for m in LLM_METHODS]
-    for t in tuning:
-        mark = " **(chosen)**" if any(t is c for c in chosen) else ""
+    for t in tuning:  # before the runs exist, the rule's choice among the cells finished so far
+        mark = (" **(chosen)**" if runs else " (leading)") if any(t is c for c in chosen) else ""
         p = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in t["params"].items())
         extra = "".join(f"{t[k]:+.3f} | " if k == "probe_gain" and k in t else f"{t[k]:.2f} | " if k in t else
                         "- | " for k in ("reliability", "probe_gain")) if diag else ""
         L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | {extra}"
                  f"{t['generations']:,} | {t['wall_minutes']:.1f} |")
+    if not runs:
+        return L + ["", "The held-out runs at the chosen settings are not made yet.", ""]
     e = runs[0]["eval"]
     K = max(int(k[5:]) for k in runs[0]["final"] if k.startswith("pass@"))
     L += ["", f"Held-out: {e['problems']} {e['split']} problems x {e['n']} samples at T = 1. " + fig("llm-curves.png"),
@@ -1400,7 +1403,7 @@ def render(s, doc, figures):
         L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
               f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
               "(one seed: a direction, not a verdict).", ""]
-    if s.get("llm"):
+    if s.get("llm") or s.get("llm_tuning"):
         L += render_llm(s["llm"], s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
     L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
     for v in s["verdicts"] + [{**v, "claim": f"SmolLM2: {v['claim']}"} for v in s.get("llm_verdicts", [])]:

@@ -2717,6 +2717,18 @@ def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_qu
     assert results.llm_cost(runs[:2]) is None
 
 
+def test_results_section_8_shows_a_grid_before_its_runs_exist():
+    cell = lambda method, score, params: {  # noqa: E731
+        "method": method, "run": "r", "task": "rg:chain_sum", "params": params, "score": score, "base_score": 0.06,
+        "score_kind": "greedy_pass@1", "generations": 20480, "wall_minutes": 30.0}
+    tuning = [cell("es", 0.078, {"sigma": 3e-3, "alpha": 1.5e-3}), cell("es", 0.125, {"sigma": 1e-2, "alpha": 5e-3}),
+              cell("grpo", 0.344, {"lr": 1e-5})]
+    text = "\n".join(results.render_llm([], tuning, "results", []))
+    assert "Task `rg:chain_sum`" in text and "not made yet" in text and "(chosen)" not in text
+    leading = [line for line in text.splitlines() if "(leading)" in line]
+    assert len(leading) == 2 and "alpha 0.005" in leading[0] and "lr 1e-05" in leading[1]
+
+
 def test_results_tuning_rule_and_rank_correlation():
     t = lambda p1, p16, name: {"params": {"name": name}, "score": {"pass@1": p1, "pass@16": p16}}  # noqa: E731
     assert results.best_trial([t(0.10, 0.3, "a"), t(0.12, 0.2, "b")])["params"]["name"] == "b"
