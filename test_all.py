@@ -2751,12 +2751,17 @@ def test_results_population_verdict_reads_the_intervals_not_the_point_choices():
     sharp = [cell(4, 0.001, 0.002), cell(8, 0.010, 0.002), cell(16, 0.020, 0.002)]
     assert results.plausible_choices(sharp, 0.020) == [16, 16]
     assert results.plausible_choices([cell(4, 0.02, None), cell(8, 0.03, None)], 0.03) == [4, 8]  # one seed
+    found = [cell(4, 0.001, 0.002), cell(8, 0.020, 0.002), cell(16, 0.020, 0.002)]
+    assert results.plausible_choices(found, 0.020) == [8, 8]  # the whole interval clears the bar before the end
     assert results.population_verdict([[32, 32], [16, 16], [8, 8]]) == "holds"
     assert results.population_verdict([[32, 32], [16, 32], [8, 16]]) == "holds"  # never rises, lower at the end
     assert results.population_verdict([[32, 32], [2, 8], [16, 16]]) == "does not hold"  # a certain rise
     assert results.population_verdict([[16, 16], [16, 16]]) == "does not hold"  # one N at every size
     assert results.population_verdict([[4, 32], [2, 8], [4, 16]]) == "within noise"
     assert results.population_verdict([[16, 32], [8, 16]]) == "within noise"  # 16 at both is allowed
+    assert results.population_verdict([[8, 8], [4, 16], [16, 16]]) == "does not hold"  # the last above the first
+    assert results.population_verdict([[16, 16], [16, 32]]) == "does not hold"  # it rises or stays
+    assert results.population_verdict([[16, 16]]).startswith("not testable")
 
 
 def test_results_cache_lock_is_shared_and_a_dead_owner_is_taken_over(tmp_path):
