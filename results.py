@@ -694,7 +694,8 @@ def claim_population(runs, chosen):
 def plausible_choices(mine, best):
     """[lo, hi]: the choices 'the smallest N with 90% of the best mean gain' that the cells' 95% intervals allow: lo
     the smallest N whose interval reaches 0.9 * best, hi the smallest N whose whole interval does (else the largest
-    N). The point choice lies in between; a cell of one seed (no interval) allows anything."""
+    N). The point choice lies in between; a cell of one seed (no interval) allows anything. The bar is taken as
+    exact (the best cell's own spread is not added), so the range is if anything narrower than the data allow."""
     bar = 0.9 * best
     hw = lambda c: math.inf if c["gain"][1] is None else c["gain"][1]  # noqa: E731
     lo = next((c["N"] for c in mine if c["gain"][0] + hw(c) >= bar), mine[-1]["N"])
