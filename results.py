@@ -1172,6 +1172,40 @@ def llm_chosen(tuning, method):
     return min(tied, key=lambda t: (t["params"][step], t["params"].get("sigma", 0)))
 
 
+def llm_extensions(tuning, method):
+    """The cells issue 38's rule still needs before the runs: its choice must have a finished cell on both sides along
+    each axis of its grid, the other coordinate held (ES: sigma and alpha / sigma; GRPO: lr and beta). Each side with
+    none gets the cell one step past it (sigma and lr along 1, 3, 10, 30, ...; alpha / sigma x or / 2; beta along 0,
+    0.01, 0.04, 0.1, 0.25, 0.5, 1, where 0 has no lower side), as that method's params. [] when the choice is inside
+    its grid, or on a grid scored another way (issue 20's)."""
+    best = llm_chosen(tuning, method)
+    if best is None or best.get("score_kind") != "greedy_pass@1":
+        return []
+    if method == "es":
+        coord = lambda p: (p["sigma"], p["alpha"] / p["sigma"])  # noqa: E731
+        make = lambda c: {"sigma": c[0], "alpha": float(f"{c[0] * c[1]:.6g}")}  # noqa: E731
+        ladders = ([float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)], [2.0 ** e for e in range(-8, 6)])
+    else:
+        coord = lambda p: (p["lr"], p.get("beta", 0.0))  # noqa: E731
+        make = lambda c: {"lr": c[0], "beta": c[1]}  # noqa: E731
+        ladders = ([float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)], [0.0, 0.01, 0.04, 0.1, 0.25, 0.5, 1.0])
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)  # noqa: E731
+    here = coord(best["params"])
+    cells = [coord(t["params"]) for t in tuning if t["method"] == method and t.get("score_kind") == "greedy_pass@1"]
+    out = []
+    for axis in (0, 1):
+        line = [c[axis] for c in cells if close(c[1 - axis], here[1 - axis])]
+        for side in (1, -1):
+            if any(side * (v - here[axis]) > 0 and not close(v, here[axis]) for v in line):
+                continue  # a neighbour on this side
+            past = [v for v in ladders[axis] if side * (v - here[axis]) > 0 and not close(v, here[axis])]
+            if past:
+                cell = list(here)
+                cell[axis] = min(past) if side > 0 else max(past)
+                out.append(make(cell))
+    return out
+
+
 def llm_cost(runs):
     """Cost at matched quality on the real model: the highest greedy pass@1 that ES's and GRPO's seed-mean curves
     both reach, and the generations and training minutes (seed means) each needs to first reach it. None without
@@ -1208,6 +1242,10 @@ def render_llm(runs, tuning, figures, verdicts=()):
                         "- | " for k in ("reliability", "probe_gain")) if diag else ""
         L.append(f"| {LABEL[t['method']]}{mark} | {p} | {t['base_score']:.3f} -> {t['score']:.3f} | {extra}"
                  f"{t['generations']:,} | {t['wall_minutes']:.1f} |")
+    pending = [(m, c) for m in LLM_METHODS for c in llm_extensions(tuning, m)]
+    if pending:
+        L += ["", "The rule's choice is at an edge of its grid; the cells it still needs before the runs: " + "; ".join(
+            f"{LABEL[m]} " + ", ".join(f"{k} {v:g}" for k, v in c.items()) for m, c in pending) + "."]
     if not runs:
         return L + ["", "The held-out runs at the chosen settings are not made yet.", ""]
     e = runs[0]["eval"]

@@ -2685,6 +2685,32 @@ def test_results_verdict_rule_and_half_width_on_constructed_numbers():
     assert one["verdict"].startswith("not testable") and one["half_width"] is None
 
 
+def test_results_llm_extensions_grow_a_grid_past_the_edge_its_choice_is_on():
+    def cell(m, score, **p):
+        return {"method": m, "score": score, "score_kind": "greedy_pass@1", "params": p, "reliability": 0.5}
+    es_grid = [cell("es", 0.1, sigma=s, alpha=s * r) for s in (1e-3, 3e-3, 1e-2) for r in (0.25, 0.5, 1.0)]
+    es_grid[-1]["score"] = 0.3  # sigma 1e-2, alpha / sigma 1: the corner
+    assert results.llm_extensions(es_grid, "es") == [{"sigma": 0.03, "alpha": 0.03}, {"sigma": 0.01, "alpha": 0.02}]
+    es_grid += [cell("es", 0.2, sigma=0.03, alpha=0.03), cell("es", 0.2, sigma=0.01, alpha=0.02)]
+    assert results.llm_extensions(es_grid, "es") == []  # a neighbour on every side: the runs may start
+    es_grid[0]["score"] = 0.5  # the other corner: sigma 1e-3 / 3 (one step down the 1, 3, 10 ladder), ratio / 2
+    assert results.llm_extensions(es_grid, "es") == [{"sigma": 3e-4, "alpha": 7.5e-5},
+                                                     {"sigma": 1e-3, "alpha": 1.25e-4}]
+    grpo_grid = [cell("grpo", 0.1, lr=lr, **({"beta": b} if b else {})) for lr in (3e-6, 1e-5, 3e-5)
+                 for b in (0.0, 0.01, 0.04)]
+    grpo_grid[1]["score"] = 0.4  # lr 3e-6, beta 0.01: only the lr side is open (beta has cells on both sides)
+    assert results.llm_extensions(grpo_grid, "grpo") == [{"lr": 1e-6, "beta": 0.01}]
+    grpo_grid[0]["score"] = 0.4  # a tie goes to the smaller beta: beta 0 has no lower side
+    assert results.llm_extensions(grpo_grid, "grpo") == [{"lr": 1e-6, "beta": 0.0}]
+    grpo_grid[-1]["score"] = 0.6  # lr 3e-5 beta 0.04: lr 1e-4 and beta 0.1 next
+    assert results.llm_extensions(grpo_grid, "grpo") == [{"lr": 1e-4, "beta": 0.04}, {"lr": 3e-5, "beta": 0.1}]
+    assert results.llm_extensions([{**t, "score_kind": "pass@1"} for t in grpo_grid], "grpo") == []  # issue 20's
+    lines = results.render_llm([], [{**t, "task": "x", "base_score": 0.0, "generations": 1, "wall_minutes": 1.0}
+                                    for t in es_grid + grpo_grid], "results")
+    assert any("still needs before the runs: ES sigma 0.0003, alpha 7.5e-05; ES sigma 0.001, alpha 0.000125; GRPO lr"
+               " 0.0001, beta 0.04; GRPO lr 3e-05, beta 0.1." in x for x in lines), lines
+
+
 def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_quality():
     rec = lambda correct, greedy: {"n": 4, "correct": correct, "greedy_correct": greedy,  # noqa: E731
                                    "answer_entropies": [0.5] * len(correct)}
