@@ -1143,6 +1143,37 @@ def plots(s, figdir):
             axes[1].set_xscale("symlog", linthresh=1000)
             axes[0].legend(fontsize=7)
             save(fig, "llm-greedy.png")
+    grids = [m for m in ("es", "grpo") if any(t["method"] == m and t.get("score_kind") == "greedy_pass@1"
+                                              for t in s.get("llm_tuning", []))]
+    if grids:  # issue 38's grids: each cell's val greedy pass@1, the rule's choice outlined
+        fig, axes = plt.subplots(1, len(grids), figsize=(5.2 * len(grids), 3.8), squeeze=False)
+        scored = [t for t in s["llm_tuning"] if t.get("score_kind") == "greedy_pass@1"]
+        lo, hi = min(t["base_score"] for t in scored), max(t["score"] for t in scored)  # one scale for both
+        for ax, m in zip(axes[0], grids):
+            cells = [t for t in s["llm_tuning"] if t["method"] == m and t.get("score_kind") == "greedy_pass@1"]
+            xy = [(t["params"]["sigma"], t["params"]["alpha"] / t["params"]["sigma"]) if m == "es" else
+                  (t["params"]["lr"], t["params"].get("beta", 0.0)) for t in cells]
+            xs, ys = sorted({round(x, 12) for x, _ in xy}), sorted({round(y, 12) for _, y in xy})
+            grid = np.full((len(ys), len(xs)), np.nan)
+            for (x, y), t in zip(xy, cells):
+                grid[ys.index(round(y, 12)), xs.index(round(x, 12))] = t["score"]
+            im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=lo, vmax=max(hi, lo + 1e-6))
+            for (i, j), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8,
+                            color="k" if v > lo + 0.6 * (hi - lo) else "w")
+            best = llm_chosen(cells, m)
+            (bx, by), = [p for p, t in zip(xy, cells) if t is best]
+            ax.add_patch(plt.Rectangle((xs.index(round(bx, 12)) - 0.5, ys.index(round(by, 12)) - 0.5), 1, 1,
+                                       fill=False, edgecolor="r", linewidth=2))
+            ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
+            ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
+            ax.set_xlabel("sigma" if m == "es" else "lr")
+            ax.set_ylabel("alpha / sigma" if m == "es" else "beta")
+            ax.set_title(f"{LABEL[m]}: val greedy pass@1 after {cells[0]['iterations']} updates "
+                         f"(base {cells[0]['base_score']:.3f})", fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        save(fig, "llm-grid.png")
     for key, m in s["sparsity"]["models"].items():
         for png in ("keep.png", "compress.png"):
             src = os.path.join(m["folder"], png)
@@ -1246,6 +1277,8 @@ def render_llm(runs, tuning, figures, verdicts=()):
     if pending:
         L += ["", "The rule's choice is at an edge of its grid; the cells it still needs before the runs: " + "; ".join(
             f"{LABEL[m]} " + ", ".join(f"{k} {v:g}" for k, v in c.items()) for m, c in pending) + "."]
+    if any(t.get("score_kind") == "greedy_pass@1" for t in tuning):
+        L += ["", "The grids, the rule's choice outlined: " + fig("llm-grid.png")]
     if not runs:
         return L + ["", "The held-out runs at the chosen settings are not made yet.", ""]
     e = runs[0]["eval"]
