@@ -829,15 +829,12 @@ def question_llm(folder):
         if got:
             cfg, ev, train = got
             key = "greedy_pass@1" if "greedy_pass@1" in ev[-1] else "pass@1"  # issue 38's protocol: greedy
-            rel = [r["fitness_reliability"] for r in train if r.get("fitness_reliability") is not None]
-            probe = [r["probe_after"] - r["probe_before"] for r in train if "probe_after" in r]
             tuning.append({"method": cfg["algo"], "run": name, "task": cfg["task"], "params": llm_params(cfg),
                            "score": ev[-1][key],
                            "base_score": ev[0][key], "score_kind": key, "split": cfg["eval_split"],
                            "problems": ev[-1].get("greedy_problems", cfg["eval_problems"]), "iterations": len(train),
                            "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
-                           **({"reliability": float(np.mean(rel))} if rel else {}),
-                           **({"probe_gain": float(np.mean(probe))} if probe else {})})
+                           **llm_diagnostics(train)})
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         method, _, seed = name.rpartition("-seed")
         got = llm_log(os.path.join(folder, name)) if method in LLM_METHODS and seed.isdecimal() else None
@@ -853,11 +850,14 @@ def question_llm(folder):
             prefix = [e for e in llm_log_evals(src) if e["iteration"] < step]
         ev_all = prefix + [{**e, "generations": before + e["generations"], "wall": wall + e["wall"],
                             "iteration": e["iteration"] + (start[1] if start else 0)} for e in ev]
+        params = llm_params(cfg)
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
+                     "population": params.get("population"), "prompts": params.get("prompts"),
+                     **llm_diagnostics(train),
                      **({"grpo_steps": start[1]} if start else {}),
                      "generations": before + train[-1]["generations"], "wall_minutes": (wall + train[-1]["wall"]) / 60,
                      "eval": {"split": cfg["eval_split"], "problems": cfg["eval_problems"], "n": cfg["eval_n"]},
-                     "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": llm_params(cfg),
+                     "base": llm_point(ev_all[0]), "final": llm_point(ev[-1]), "params": params,
                      "curve": [[e["generations"], e["pass@1"], e.get("pass@16")] for e in ev_all],
                      **({"greedy_curve": [[e["generations"], e["wall"] / 60, e["greedy_pass@1"], e["iteration"]]
                                           for e in ev_all if "greedy_pass@1" in e]} if "greedy_pass@1" in ev[-1]
@@ -866,6 +866,15 @@ def question_llm(folder):
             figures[method, int(seed)] = {"base": per_problem(ev_all[0]), "final": per_problem(ev[-1])}
     grid = lambda t: (t["method"], *(t["params"].get(k, 0) for k in ("sigma", "alpha", "lr")))  # noqa: E731
     return runs, sorted(tuning, key=grid), llm_verdicts(figures)  # a grid reads in order of its values
+
+
+def llm_diagnostics(train):
+    """The means of an ES log's diagnostics over its iterations (issue 38): fitness_reliability, and with --probe the
+    master's reward gain on each iteration's prompts (probe_after - probe_before); {} where a log has neither."""
+    rel = [r["fitness_reliability"] for r in train if r.get("fitness_reliability") is not None]
+    probe = [r["probe_after"] - r["probe_before"] for r in train if "probe_after" in r]
+    return {**({"reliability": float(np.mean(rel))} if rel else {}),
+            **({"probe_gain": float(np.mean(probe))} if probe else {})}
 
 
 def llm_log_evals(recs):

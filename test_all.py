@@ -2899,6 +2899,9 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
         assert set(r) >= {"method", "seed", "task", "iterations", "generations", "wall_minutes", "base", "final",
                           "params"} and {"pass@1", "pass@16"} <= set(r["base"]) and r["iterations"] == 2
     assert runs[("grpo", 0)]["generations"] == 2 * 4 * 4 and runs[("es", 1)]["generations"] == 2 * 4 * 16 * 2
+    es1_log = [r for r in es.read_log(llm / "es-seed1" / "log.jsonl") if r["type"] == "train"]
+    assert (runs[("es", 1)]["population"], runs[("es", 1)]["prompts"]) == (4, 16)  # and the diagnostics' means
+    assert runs[("es", 1)]["reliability"] == pytest.approx(np.mean([r["fitness_reliability"] for r in es1_log]))
     assert runs[("grpo-es", 0)]["generations"] == 4 * 4 + 4 * 16 and runs[("grpo-es", 0)]["iterations"] == 2
     assert [p[0] for p in runs[("grpo-es", 0)]["curve"]] == [0, 16, 80]  # generations before each evaluation
     assert runs[("grpo-es", 0)]["params"]["schedule"] == "grpo:1,es:1" and runs[("es", 1)]["params"]["sigma"] == 0.05
