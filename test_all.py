@@ -2652,6 +2652,7 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     assert [r["rows"] for r in records] == [8, 16]
     assert all(r["vllm_tokens"] == 2 * r["rows"] and 0 <= r["same_as_vllm"] <= r["rows"] for r in records)
     assert records[0]["same_as_plain"] == 8 and "same_as_plain" not in records[1]
+    assert records[0]["same_as_plain_fp32"] == 8 and "same_as_plain_fp32" not in records[1]
     assert all(r["rows_per_s"] > 0 and r["vllm_rows_per_s"] > 0 for r in records)
     assert "ours/vLLM rows/s" in capsys.readouterr().out
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nothing"))  # no vllm module: one line, exit 2
