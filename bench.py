@@ -717,7 +717,7 @@ except (OSError, KeyError, ValueError):
     share = 0.4
 llm = LLM(model=model, dtype="bfloat16", seed=0, gpu_memory_utilization=share)
 greedy = SamplingParams(temperature=0, max_tokens=new_tokens)
-print("@json", json.dumps({"ready": True}), flush=True)
+print("@json", json.dumps({"ready": True, "memory_share": share}), flush=True)
 for line in sys.stdin:
     outs = llm.generate([{"prompt_token_ids": ids} for ids in json.loads(line)], greedy, use_tqdm=False)
     print("@json", json.dumps({"ids": [list(o.outputs[0].token_ids) for o in outs]}), flush=True)
@@ -737,7 +737,7 @@ class VllmEngine:
                                              env=env)
         except OSError as e:
             raise verify.UsageError(f"--vllm-python {python}: {e.strerror or e}") from None
-        self._read()
+        self.memory_share = self._read().get("memory_share")  # the RAM share it took (a smaller KV cache)
 
     def _read(self):
         for line in self.proc.stdout:
@@ -794,15 +794,18 @@ def part_h(ctx):
             if k == 0:
                 extra["plain_seconds"] = timed(lambda: ours(plain=True))
                 extra["same_as_plain"] = sum(a == b for a, b in zip(got["ours"], got["plain"]))
-                # the same pair in fp32, where no near-tie of bf16 logits can flip a row: a row that differs
-                # there would be Decoder's error, not rounding
+                # the same pair in fp32, whose logits tie far more rarely than bf16's: a row that differs there is
+                # unlikely to be rounding (look at its top-two logit gap before calling it Decoder's error)
                 fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
                 ids = [passk.sample(fp32, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
-                                    batch_size=rows, entropy=False, plain=plain).completion_ids for plain in (0, 1)]
+                                    batch_size=rows, entropy=False, plain=plain).completion_ids
+                       for plain in (False, True)]
                 extra["same_as_plain_fp32"] = sum(a == b for a, b in zip(*ids))
+                del fp32
             record(ctx, "h", f"passk.sample vs vLLM, {rows} rows, bf16 greedy", rows=rows, new_tokens=args.new_tokens,
                    tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
                    rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"], same_as_vllm=same,
+                   vllm_memory_share=engine.memory_share,
                    **extra, **r)
     finally:
         engine.close()

@@ -821,7 +821,9 @@ def question_llm(folder):
     """docs/llm.md's SmolLM2 runs from their committed logs: FOLDER/tune/NAME/log.jsonl (short runs scored on the val
     split: {method, params, score}) and FOLDER/METHOD-seedS/log.jsonl (held-out runs), METHOD one of LLM_METHODS
     (grpo-es: a sequential.py schedule, or es.py from a GRPO run's checkpoint-NNNNNN, whose generations, wall time
-    and evaluations up to that step count as the run's first part). Unfinished runs are left out."""
+    and evaluations up to that step count as the run's first part). Unfinished runs are left out. A run's population
+    and prompts are ES's (members, prompts each member is scored on; a schedule's ES stage), or for GRPO none and its
+    prompts per step (its group size in params)."""
     tuning, runs, figures = [], [], {}
     tune_dir = os.path.join(folder, "tune")
     for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
@@ -851,8 +853,9 @@ def question_llm(folder):
         ev_all = prefix + [{**e, "generations": before + e["generations"], "wall": wall + e["wall"],
                             "iteration": e["iteration"] + (start[1] if start else 0)} for e in ev]
         params = llm_params(cfg)
+        es_params = params.get("es", params) if method != "grpo" else params  # a schedule nests each stage's flags
         runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
-                     "population": params.get("population"), "prompts": params.get("prompts"),
+                     "population": es_params.get("population"), "prompts": es_params.get("prompts"),
                      **llm_diagnostics(train),
                      **({"grpo_steps": start[1]} if start else {}),
                      "generations": before + train[-1]["generations"], "wall_minutes": (wall + train[-1]["wall"]) / 60,
@@ -1157,15 +1160,17 @@ def plots(s, figdir):
     if grids:  # issue 38's grids: each cell's val greedy pass@1, the rule's choice outlined
         fig, axes = plt.subplots(1, len(grids), figsize=(5.2 * len(grids), 3.8), squeeze=False)
         scored = [t for t in s["llm_tuning"] if t.get("score_kind") == "greedy_pass@1"]
-        lo, hi = min(t["base_score"] for t in scored), max(t["score"] for t in scored)  # one scale for both
+        every = [t[k] for t in scored for k in ("base_score", "score")]
+        lo, hi = min(every), max(every)  # one scale for both grids, from the base's score or the lowest cell
         for ax, m in zip(axes[0], grids):
             cells = [t for t in s["llm_tuning"] if t["method"] == m and t.get("score_kind") == "greedy_pass@1"]
             xy = [(t["params"]["sigma"], t["params"]["alpha"] / t["params"]["sigma"]) if m == "es" else
                   (t["params"]["lr"], t["params"].get("beta", 0.0)) for t in cells]
-            xs, ys = sorted({round(x, 12) for x, _ in xy}), sorted({round(y, 12) for _, y in xy})
+            xy = [(float(f"{x:.4g}"), float(f"{y:.4g}")) for x, y in xy]  # alpha / sigma without float noise
+            xs, ys = sorted({x for x, _ in xy}), sorted({y for _, y in xy})
             grid = np.full((len(ys), len(xs)), np.nan)
             for (x, y), t in zip(xy, cells):
-                grid[ys.index(round(y, 12)), xs.index(round(x, 12))] = t["score"]
+                grid[ys.index(y), xs.index(x)] = t["score"]
             im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=lo, vmax=max(hi, lo + 1e-6))
             for (i, j), v in np.ndenumerate(grid):
                 if not np.isnan(v):
@@ -1173,7 +1178,7 @@ def plots(s, figdir):
                             color="k" if v > lo + 0.6 * (hi - lo) else "w")
             best = llm_chosen(cells, m)
             (bx, by), = [p for p, t in zip(xy, cells) if t is best]
-            ax.add_patch(plt.Rectangle((xs.index(round(bx, 12)) - 0.5, ys.index(round(by, 12)) - 0.5), 1, 1,
+            ax.add_patch(plt.Rectangle((xs.index(bx) - 0.5, ys.index(by) - 0.5), 1, 1,
                                        fill=False, edgecolor="r", linewidth=2))
             ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
             ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
@@ -1217,7 +1222,9 @@ def llm_extensions(tuning, method):
     each axis of its grid, the other coordinate held (ES: sigma and alpha / sigma; GRPO: lr and beta). Each side with
     none gets the cell one step past it (sigma and lr along 1, 3, 10, 30, ...; alpha / sigma x or / 2; beta along 0,
     0.01, 0.04, 0.1, 0.25, 0.5, 1, where 0 has no lower side), as that method's params. [] when the choice is inside
-    its grid, or on a grid scored another way (issue 20's)."""
+    its grid, or on a grid scored another way (issue 20's); a side at a ladder's end (sigma or lr 30, alpha / sigma
+    1/256 or 32, beta 1) proposes nothing. Cells are told apart by these two coordinates only: a grid holds one
+    population, prompt count and noise."""
     best = llm_chosen(tuning, method)
     if best is None or best.get("score_kind") != "greedy_pass@1":
         return []
@@ -1229,7 +1236,7 @@ def llm_extensions(tuning, method):
         coord = lambda p: (p["lr"], p.get("beta", 0.0))  # noqa: E731
         make = lambda c: {"lr": c[0], "beta": c[1]}  # noqa: E731
         ladders = ([float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)], [0.0, 0.01, 0.04, 0.1, 0.25, 0.5, 1.0])
-    close = lambda a, b: math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)  # noqa: E731
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-12)  # noqa: E731  ladder steps are >= x2
     here = coord(best["params"])
     cells = [coord(t["params"]) for t in tuning if t["method"] == method and t.get("score_kind") == "greedy_pass@1"]
     out = []

@@ -2640,7 +2640,8 @@ class LLM:  # answers every prompt with its own last token, then EOS (1)
 def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_path, capsys, monkeypatch):
     """Part h skips in one line without --vllm-python; with an engine (here a stand-in vllm module on the path, in a
     subprocess as the real one runs) it times both sides at each --rows, counts the completions they share, and at the
-    first size runs transformers' forward too, whose completions Decoder's equal (bf16 here, as on SmolLM2)."""
+    first size runs transformers' forward too, whose completions Decoder's equal, in bf16 (as on SmolLM2) and in fp32
+    (loaded afresh: --dtype bf16 here)."""
     assert bench.main(bench.Args(parts="h", out=str(tmp_path / "a"), threads=1)) == []
     assert "[h] skipped: no --vllm-python" in capsys.readouterr().out
     fake = tmp_path / "fake" / "vllm"
@@ -2648,11 +2649,12 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     (fake / "__init__.py").write_text(FAKE_VLLM)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     records = bench.main(bench.Args(parts="h", rows="8,16", repeats=1, new_tokens=8, out=str(tmp_path / "b"),
-                                    threads=1, vllm_python=sys.executable))
+                                    threads=1, vllm_python=sys.executable, dtype="bf16"))
     assert [r["rows"] for r in records] == [8, 16]
     assert all(r["vllm_tokens"] == 2 * r["rows"] and 0 <= r["same_as_vllm"] <= r["rows"] for r in records)
     assert records[0]["same_as_plain"] == 8 and "same_as_plain" not in records[1]
     assert records[0]["same_as_plain_fp32"] == 8 and "same_as_plain_fp32" not in records[1]
+    assert all(0 < r["vllm_memory_share"] <= 0.4 for r in records)  # 0.4, or less where less RAM is free
     assert all(r["rows_per_s"] > 0 and r["vllm_rows_per_s"] > 0 for r in records)
     assert "ours/vLLM rows/s" in capsys.readouterr().out
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "nothing"))  # no vllm module: one line, exit 2
@@ -2694,7 +2696,7 @@ def test_results_llm_extensions_grow_a_grid_past_the_edge_its_choice_is_on():
     assert results.llm_extensions(es_grid, "es") == [{"sigma": 0.03, "alpha": 0.03}, {"sigma": 0.01, "alpha": 0.02}]
     es_grid += [cell("es", 0.2, sigma=0.03, alpha=0.03), cell("es", 0.2, sigma=0.01, alpha=0.02)]
     assert results.llm_extensions(es_grid, "es") == []  # a neighbour on every side: the runs may start
-    es_grid[0]["score"] = 0.5  # the other corner: sigma 1e-3 / 3 (one step down the 1, 3, 10 ladder), ratio / 2
+    es_grid[0]["score"] = 0.5  # the other corner: sigma 3e-4 (one step down the 1, 3, 10 ladder), ratio / 2
     assert results.llm_extensions(es_grid, "es") == [{"sigma": 3e-4, "alpha": 7.5e-5},
                                                      {"sigma": 1e-3, "alpha": 1.25e-4}]
     grpo_grid = [cell("grpo", 0.1, lr=lr, **({"beta": b} if b else {})) for lr in (3e-6, 1e-5, 3e-5)
