@@ -1155,17 +1155,13 @@ def plots(s, figdir):
             axes[1].set_xscale("symlog", linthresh=1000)
             axes[0].legend(fontsize=7)
             save(fig, "llm-greedy.png")
-    grids = [m for m in ("es", "grpo") if any(t["method"] == m and t.get("score_kind") == "greedy_pass@1"
-                                              for t in s.get("llm_tuning", []))]
+    grids = {m: llm_grid(s.get("llm_tuning", []), m) for m in ("es", "grpo")}
+    grids = {m: g for m, g in grids.items() if g[0]}
     if grids:  # issue 38's grids: each cell's val greedy pass@1, the rule's choice outlined
         fig, axes = plt.subplots(1, len(grids), figsize=(5.2 * len(grids), 3.8), squeeze=False)
-        scored = [t for t in s["llm_tuning"] if t.get("score_kind") == "greedy_pass@1"]
-        every = [t[k] for t in scored for k in ("base_score", "score")]
+        every = [t[k] for cells, _ in grids.values() for t in cells for k in ("base_score", "score")]
         lo, hi = min(every), max(every)  # one scale for both grids, from the base's score or the lowest cell
-        for ax, m in zip(axes[0], grids):
-            cells = [t for t in s["llm_tuning"] if t["method"] == m and t.get("score_kind") == "greedy_pass@1"]
-            xy = [(t["params"]["sigma"], t["params"]["alpha"] / t["params"]["sigma"]) if m == "es" else
-                  (t["params"]["lr"], t["params"].get("beta", 0.0)) for t in cells]
+        for ax, (m, (cells, xy)) in zip(axes[0], grids.items()):
             xy = [(float(f"{x:.4g}"), float(f"{y:.4g}")) for x, y in xy]  # alpha / sigma without float noise
             xs, ys = sorted({x for x, _ in xy}), sorted({y for _, y in xy})
             grid = np.full((len(ys), len(xs)), np.nan)
@@ -1217,6 +1213,15 @@ def llm_chosen(tuning, method):
     return min(tied, key=lambda t: (t["params"][step], t["params"].get("sigma", 0)))
 
 
+def llm_grid(tuning, method):
+    """Issue 38's grid of one method: its cells scored by greedy pass@1 and each cell's two coordinates (ES: sigma,
+    alpha / sigma; GRPO: lr, beta, 0 where the log has none)."""
+    cells = [t for t in tuning if t["method"] == method and t.get("score_kind") == "greedy_pass@1"]
+    if method == "es":
+        return cells, [(t["params"]["sigma"], t["params"]["alpha"] / t["params"]["sigma"]) for t in cells]
+    return cells, [(t["params"]["lr"], t["params"].get("beta", 0.0)) for t in cells]
+
+
 def llm_extensions(tuning, method):
     """The cells issue 38's rule still needs before the runs: its choice must have a finished cell on both sides along
     each axis of its grid, the other coordinate held (ES: sigma and alpha / sigma; GRPO: lr and beta). Each side with
@@ -1228,17 +1233,16 @@ def llm_extensions(tuning, method):
     best = llm_chosen(tuning, method)
     if best is None or best.get("score_kind") != "greedy_pass@1":
         return []
+    half_decades = [float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)]  # sigma, lr
     if method == "es":
-        coord = lambda p: (p["sigma"], p["alpha"] / p["sigma"])  # noqa: E731
         make = lambda c: {"sigma": c[0], "alpha": float(f"{c[0] * c[1]:.6g}")}  # noqa: E731
-        ladders = ([float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)], [2.0 ** e for e in range(-8, 6)])
+        ladders = (half_decades, [2.0 ** e for e in range(-8, 6)])
     else:
-        coord = lambda p: (p["lr"], p.get("beta", 0.0))  # noqa: E731
         make = lambda c: {"lr": c[0], "beta": c[1]}  # noqa: E731
-        ladders = ([float(f"{m}e{e}") for e in range(-9, 2) for m in (1, 3)], [0.0, 0.01, 0.04, 0.1, 0.25, 0.5, 1.0])
+        ladders = (half_decades, [0.0, 0.01, 0.04, 0.1, 0.25, 0.5, 1.0])
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-12)  # noqa: E731  ladder steps are >= x2
-    here = coord(best["params"])
-    cells = [coord(t["params"]) for t in tuning if t["method"] == method and t.get("score_kind") == "greedy_pass@1"]
+    grid, cells = llm_grid(tuning, method)
+    here = next(c for t, c in zip(grid, cells) if t is best)
     out = []
     for axis in (0, 1):
         line = [c[axis] for c in cells if close(c[1 - axis], here[1 - axis])]
