@@ -111,7 +111,8 @@ class Args:
     out: str = "runs/es"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
-    """continue the run saved in this directory (its args, up to --iterations in total)"""
+    """continue the run saved in this directory (its args, up to --iterations in total): from its newest checkpoint
+    and the iterations its log.jsonl holds past it, or from the log alone (nothing a kill interrupted is lost)"""
     replay: str = ""
     """a run's log.jsonl: rebuild its final weights from its base model (--model, default the logged one) and the
     member rewards it logged, no checkpoint needed, and write them to --out (save_pretrained format)"""
@@ -613,6 +614,27 @@ def read_replay_log(path):
     return config, [rewards[t] for t in range(1, last + 1)]
 
 
+def log_tail(out, run, start, stop):
+    """The train records of OUT/log.jsonl past iteration `start` that --resume replays instead of redoing: each with
+    all N member rewards, in order, the last one only if the evaluation due after it (run: the saved args) was logged
+    too, none past `stop`. A run killed between checkpoints, or whose folder kept only its log, continues from its
+    last iteration."""
+    records = read_log(os.path.join(out, "log.jsonl"))
+    train = {r["iteration"]: r for r in records if r.get("type") == "train" and isinstance(r.get("iteration"), int)}
+    evals = {r.get("iteration") for r in records if r.get("type") == "eval"}
+    tail, t = [], start + 1
+    def whole(rewards):
+        return isinstance(rewards, list) and len(rewards) == run.population and all(
+            isinstance(x, (int, float)) and math.isfinite(x) for x in rewards)
+
+    while t <= stop and t in train and whole(train[t].get("rewards")):
+        if (run.eval_every and t % run.eval_every == 0 or t == run.iterations) and t not in evals:
+            break  # its evaluation was cut short: the iteration is redone
+        tail.append(train[t])
+        t += 1
+    return tail
+
+
 def replay(args):
     """The final weights of a run from its base model and its log alone: the members' noise is a function of the
     seeds, the update a function of the noise and the logged rewards, so replaying es_update over the log gives the
@@ -656,9 +678,14 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
-        if ckpt is None:
-            raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* in that directory")
-        saved, state = read_checkpoint(ckpt)
+        if ckpt is not None:
+            saved, state = read_checkpoint(ckpt)
+        else:  # the log alone (a committed log, a run folder without checkpoints): the model is replayed from it
+            config = read_log(os.path.join(args.resume, "log.jsonl"))[:1]
+            if not config or config[0].get("type") != "config" or config[0].get("algo") != "es":
+                raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* and no es.py log.jsonl in that "
+                                        "directory")
+            saved, state = {k: v for k, v in config[0].items() if k in Args.__dataclass_fields__}, {"iteration": 0}
         default, free = Args(), ("iterations", "resume", "out", "device", "threads", "report_to", "run_name")
         changed = [k for k, v in dataclasses.asdict(args).items()
                    if k not in free and v != getattr(default, k) and v != saved.get(k)]
@@ -678,9 +705,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     # the held-out problems before the model loads: a split too small for them is one line, at once
     held_out, greedy_set = passk.held_out_problems(task, args.eval_split, args.eval_problems, args.eval_greedy)
     if model is None or args.resume:
-        model, tokenizer = passk.load_model(ckpt if args.resume else args.model, "fp32", device)
+        model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
     model.to(device)
-    base = passk.load_model(args.model, "fp32", device)[0] if args.resume else model
+    base = passk.load_model(args.model, "fp32", device)[0] if ckpt else model
     # fp32 master (and initial) copies of every parameter; the working weights live in the model, in args.dtype
     master = {k: p.detach().float().clone() for k, p in model.named_parameters()}
     init = {k: p.detach().float().clone() for k, p in base.named_parameters()}
@@ -691,6 +718,21 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     model.eval()
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
+    if args.resume:  # 5. again for each iteration logged past the checkpoint: the same update, so the same weights
+        if ckpt is None:
+            config = read_log(os.path.join(args.resume, "log.jsonl"))[0]
+            if config.get("device_type") != torch.device(device).type or config.get("base_digest") != \
+                    weights_digest(init):
+                raise verify.UsageError(f"--resume {args.resume}: its log was written on {config.get('device_type')} "
+                                        f"from a model whose digest is {config.get('base_digest')}; resume it there, "
+                                        f"from that --model")
+        tail = log_tail(args.resume, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations)
+        for r in tail:
+            es_update(trained, shape_fitness(np.asarray(r["rewards"], dtype=np.float64), args.fitness), args,
+                      r["iteration"] - 1, init)
+        restore(params, master)
+        if tail:
+            start_it, state = tail[-1]["iteration"], {k: tail[-1][k] for k in ("generations", "tokens", "wall")}
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     mine = [n for n in range(args.population) if n % world == rank]
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it
@@ -802,6 +844,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                                                              "tokens": tokens, "wall": wall})
         if world > 1:
             dist.barrier()
+    if args.resume and tail and start_it == args.iterations and rank == 0:  # all of it replayed: its checkpoint
+        save_checkpoint(model, tokenizer, master, args, {"iteration": start_it, **state})
     if own_tracker and tracker is not None:
         tracker.close()
     passk.cast_params(model, torch.float32)  # hand back the exact fp32 master (the checkpoint), e.g. to a schedule

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -1086,6 +1087,53 @@ def test_es_resume_equals_uninterrupted(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     its = [json.loads(x).get("iteration") for x in open(tmp_path / "cut" / "log.jsonl")]
     assert its.count(3) == 2  # one train line and one eval line for iteration 3, nothing doubled
+
+
+def test_es_resume_replays_the_log_past_its_checkpoint_or_from_the_log_alone(tmp_path, capsys):
+    """--resume loses nothing a kill interrupted: the iterations logged past the newest checkpoint are replayed from
+    their member rewards, not redone; a folder holding only its log (a committed log) resumes from the base model;
+    an iteration whose due evaluation was cut short is redone. Every way ends with an uninterrupted run's weights."""
+    es.train(small_es(tmp_path, "full", iterations=4, eval_every=2))
+    es.train(small_es(tmp_path, "cut", iterations=2, eval_every=2))
+    shutil.copytree(tmp_path / "cut" / "checkpoint-000002", tmp_path / "keep")
+    es.train(small_es(tmp_path, "x", iterations=3, eval_every=2, resume=str(tmp_path / "cut")))
+    shutil.rmtree(tmp_path / "cut" / "checkpoint-000003")  # killed before its checkpoint: the log is 1 iteration ahead
+    shutil.copytree(tmp_path / "keep", tmp_path / "cut" / "checkpoint-000002")
+    log_only = tmp_path / "log-only"
+    log_only.mkdir()
+    shutil.copy(tmp_path / "cut" / "log.jsonl", log_only / "log.jsonl")
+    cut_eval = tmp_path / "cut-eval"  # iteration 4's train record logged, its due evaluation not
+    shutil.copytree(tmp_path / "full", cut_eval)
+    lines = open(cut_eval / "log.jsonl").read().splitlines()
+    open(cut_eval / "log.jsonl", "w").write("\n".join(lines[:-1]) + "\n")
+    for d in os.listdir(cut_eval):
+        if d.startswith("checkpoint-"):
+            shutil.rmtree(cut_eval / d)
+    (tmp_path / "finished").mkdir()  # a finished run's log alone: its checkpoint is written, nothing is run
+    shutil.copy(tmp_path / "full" / "log.jsonl", tmp_path / "finished" / "log.jsonl")
+    full_log = es.read_log(tmp_path / "full" / "log.jsonl")
+    for run in ("cut", "log-only", "cut-eval", "finished"):
+        capsys.readouterr()
+        es.train(small_es(tmp_path, "x", iterations=4, eval_every=2, resume=str(tmp_path / run)))
+        a, b = weights(tmp_path / "full"), weights(tmp_path / run)
+        assert all(torch.equal(a[k], b[k]) for k in a), run
+        log = es.read_log(tmp_path / run / "log.jsonl")
+        assert [r["iteration"] for r in log if r["type"] == "train"] == [1, 2, 3, 4], run
+        evals = [0, 2, 4] if run in ("cut-eval", "finished") else [0, 2, 3, 4]  # 3: the end of the cut run
+        assert [r["iteration"] for r in log if r["type"] == "eval"] == evals, run
+        assert [r["rewards"] for r in log if r["type"] == "train"] == [
+            r["rewards"] for r in full_log if r["type"] == "train"], run
+        assert log[-2]["generations"] == full_log[-2]["generations"], run
+        redone = capsys.readouterr().err.count("it    ")
+        assert redone == (run != "finished"), (run, redone)  # only the iteration the kill interrupted is run again
+    other = tmp_path / "other-base"
+    other.mkdir()
+    config, *rest = open(log_only / "log.jsonl").read().splitlines()
+    open(other / "log.jsonl", "w").write("\n".join([config.replace('"base_digest": "', '"base_digest": "0')] + rest))
+    with pytest.raises(SystemExit) as e:
+        es.main(small_es(tmp_path, "x", iterations=5, eval_every=2, resume=str(other)))
+    assert e.value.code == 2 and "digest" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not [d for d in os.listdir(other) if d != "log.jsonl"]
 
 
 def test_es_params_subset_and_model_in_memory(tmp_path):
