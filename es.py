@@ -622,14 +622,14 @@ def log_tail(out, run, start, stop):
     records = read_log(os.path.join(out, "log.jsonl"))
     train = {r["iteration"]: r for r in records if r.get("type") == "train" and isinstance(r.get("iteration"), int)}
     evals = {r.get("iteration") for r in records if r.get("type") == "eval"}
-    tail, t = [], start + 1
     def whole(rewards):
         return isinstance(rewards, list) and len(rewards) == run.population and all(
             isinstance(x, (int, float)) and math.isfinite(x) for x in rewards)
 
+    tail, t = [], start + 1
     while t <= stop and t in train and whole(train[t].get("rewards")):
-        if (run.eval_every and t % run.eval_every == 0 or t == run.iterations) and t not in evals:
-            break  # its evaluation was cut short: the iteration is redone
+        if (run.eval_every and t % run.eval_every == 0 or t in (run.iterations, stop)) and t not in evals:
+            break  # its evaluation was cut short (or is the end's, still to come): the iteration is redone
         tail.append(train[t])
         t += 1
     return tail
@@ -719,20 +719,33 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     if args.resume:  # 5. again for each iteration logged past the checkpoint: the same update, so the same weights
-        if ckpt is None:
-            config = read_log(os.path.join(args.resume, "log.jsonl"))[0]
-            if config.get("device_type") != torch.device(device).type or config.get("base_digest") != \
-                    weights_digest(init):
-                raise verify.UsageError(f"--resume {args.resume}: its log was written on {config.get('device_type')} "
-                                        f"from a model whose digest is {config.get('base_digest')}; resume it there, "
-                                        f"from that --model")
-        tail = log_tail(args.resume, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations)
+        log = read_log(os.path.join(args.resume, "log.jsonl"))
+        config = log[0] if log and log[0].get("type") == "config" else {}
+        same_device = config.get("device_type") == torch.device(device).type  # the noise streams are per device type
+        if ckpt is None and (not same_device or config.get("base_digest") != weights_digest(init)):
+            raise verify.UsageError(f"--resume {args.resume}: its log was written on {config.get('device_type')} "
+                                    f"from a model whose digest is {config.get('base_digest')}; resume it there, "
+                                    f"from that --model")
+        logged = max((r["iteration"] for r in log if r.get("type") == "train" and isinstance(r.get("iteration"), int)
+                      ), default=0)
+        if logged > max(args.iterations, start_it):
+            raise verify.UsageError(f"--resume {args.resume}: its log holds {logged} iterations, more than "
+                                    f"--iterations {args.iterations}; nothing was changed")
+        # a log from another device type is redone from the checkpoint, not replayed
+        tail = log_tail(args.resume, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations) \
+            if same_device else []
+        if ckpt is None and not tail and logged > 1:
+            raise verify.UsageError(f"--resume {args.resume}: no checkpoint, and its log's first iteration cannot be "
+                                    "replayed (no member rewards: a log written before es.py logged them?); nothing "
+                                    "was changed")
         for r in tail:
             es_update(trained, shape_fitness(np.asarray(r["rewards"], dtype=np.float64), args.fitness), args,
                       r["iteration"] - 1, init)
         restore(params, master)
         if tail:
             start_it, state = tail[-1]["iteration"], {k: tail[-1][k] for k in ("generations", "tokens", "wall")}
+        if world > 1:  # every rank has read the log before rank 0 rewrites it
+            dist.barrier()
     train_pool = task.examples("train", args.train_problems, seed=stream_seed(args.seed, "train"))
     mine = [n for n in range(args.population) if n % world == rank]
     own_tracker = tracker is None  # a schedule passes its own (one run across its stages) and closes it

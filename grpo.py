@@ -205,7 +205,7 @@ def pack(prompt_ids, completion_ids, pad):
 def loss_attention(model, device):
     """The attention of the loss's forwards: transformers' eager attention on CPU, whose backward beats SDPA's CPU
     flash kernel at these lengths (bench.py part j), and SDPA elsewhere (the fused GPU kernels); rollouts keep SDPA.
-    Held over the backward too: gradient checkpointing recomputes the forward there."""
+    Held over the backward too: --grad-checkpointing recomputes the forward there."""
     cfg = getattr(model, "module", model).config  # DDP wraps the model
     saved = getattr(cfg, "_attn_implementation", None)
     swap = torch.device(device).type == "cpu" and saved == "sdpa"
