@@ -622,6 +622,7 @@ def log_tail(out, run, start, stop):
     records = read_log(os.path.join(out, "log.jsonl"))
     train = {r["iteration"]: r for r in records if r.get("type") == "train" and isinstance(r.get("iteration"), int)}
     evals = {r.get("iteration") for r in records if r.get("type") == "eval"}
+
     def whole(rewards):
         return isinstance(rewards, list) and len(rewards) == run.population and all(
             isinstance(x, (int, float)) and math.isfinite(x) for x in rewards)
