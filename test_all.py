@@ -609,6 +609,33 @@ def test_decoder_is_only_for_llama_style_models(toy_model):
     assert passk.Decoder.of(eager) is None
 
 
+def test_decoder_drops_finished_rows_in_place_on_cpu():
+    """Decoder.keep on CPU moves the kept rows down inside the same buffers (no second set: the cache's memory is not
+    doubled), as a plain gather would, whether their sources lie far past them (one copy between disjoint rows), close
+    (through the scratch block) or not at all (rows before the first dropped one), over several drops in a row."""
+    g = torch.Generator().manual_seed(0)
+    B, layers = 300, 2
+    d = passk.Decoder.__new__(passk.Decoder)
+    bufs = [torch.randn(B, 2, 5, 3, generator=g) for _ in range(2 * layers)]
+    d.base, d.K, d.V, d.spare = bufs, bufs[:layers], bufs[layers:], None
+    d.pos, d.valid = torch.arange(B), torch.rand(B, 7, generator=g) > 0.5
+    want = {"kv": [b.clone() for b in bufs], "pos": d.pos.clone(), "valid": d.valid.clone()}
+    ptrs = [b.data_ptr() for b in bufs]
+    keep_masks = [torch.arange(B) >= 150,  # the first 150 dropped: every block far from its sources
+                  torch.rand(B - 150, generator=g) > 0.1,  # scattered drops: close sources
+                  torch.arange(B - 150) != 120]  # one late drop: the rows before it stay
+    for mask in keep_masks:
+        n_before = len(d.K[0])
+        index = mask[:n_before].nonzero().squeeze(-1)
+        d.keep(index)
+        want = {"kv": [w.index_select(0, index) for w in want["kv"]], "pos": want["pos"][index],
+                "valid": want["valid"][index]}
+        assert all(torch.equal(a, b) for a, b in zip(d.K + d.V, want["kv"]))
+        assert torch.equal(d.pos, want["pos"]) and torch.equal(d.valid, want["valid"])
+        assert [b.data_ptr() for b in d.K + d.V] == ptrs  # the same buffers
+    assert d.spare is not None and d.spare.shape[0] == passk.Decoder.BLOCK  # the scratch block was used
+
+
 def test_sampler_reports_live_rows_to_on_batch(toy_model):
     model, tok = toy_model
     prompts = [verify.get_task("toy").prompt(ex) for ex in verify.get_task("toy").examples("test", 10, seed=2)]
