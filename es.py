@@ -583,6 +583,12 @@ def weights_digest(params):
     return h.hexdigest()[:16]
 
 
+def whole_rewards(got, population):
+    """Whether a train record's `rewards` can be replayed: all N members' rewards, finite numbers."""
+    return isinstance(got, list) and len(got) == population and all(
+        isinstance(x, (int, float)) and math.isfinite(x) for x in got)
+
+
 def read_replay_log(path):
     """(config, rewards per iteration 1..T) of an es.py log; anything that cannot be replayed is a UsageError."""
     try:
@@ -604,9 +610,7 @@ def read_replay_log(path):
             rewards[r["iteration"]] = r.get("rewards")  # a resumed run's redone iteration: the last record counts
     last = max(rewards, default=0)
     for t in range(1, last + 1):
-        got = rewards.get(t)
-        if not isinstance(got, list) or len(got) != config["population"] or not all(
-                isinstance(x, (int, float)) and math.isfinite(x) for x in got):
+        if not whole_rewards(rewards.get(t), config["population"]):
             raise verify.UsageError(f"--replay: {path} has no member rewards for iteration {t} (a log written before "
                                     "es.py logged them, or a damaged one)")
     if not last:
@@ -614,21 +618,15 @@ def read_replay_log(path):
     return config, [rewards[t] for t in range(1, last + 1)]
 
 
-def log_tail(out, run, start, stop):
-    """The train records of OUT/log.jsonl past iteration `start` that --resume replays instead of redoing: each with
-    all N member rewards, in order, the last one only if the evaluation due after it (run: the saved args) was logged
-    too, none past `stop`. A run killed between checkpoints, or whose folder kept only its log, continues from its
-    last iteration."""
-    records = read_log(os.path.join(out, "log.jsonl"))
+def log_tail(records, run, start, stop):
+    """The train records of a log (its records) past iteration `start` that --resume replays instead of redoing: each
+    with all N member rewards, in order, the last one only if the evaluation due after it (run: the saved args) was
+    logged too, none past `stop`. A run killed between checkpoints, or whose folder kept only its log, continues from
+    its last iteration."""
     train = {r["iteration"]: r for r in records if r.get("type") == "train" and isinstance(r.get("iteration"), int)}
     evals = {r.get("iteration") for r in records if r.get("type") == "eval"}
-
-    def whole(rewards):
-        return isinstance(rewards, list) and len(rewards) == run.population and all(
-            isinstance(x, (int, float)) and math.isfinite(x) for x in rewards)
-
     tail, t = [], start + 1
-    while t <= stop and t in train and whole(train[t].get("rewards")):
+    while t <= stop and t in train and whole_rewards(train[t].get("rewards"), run.population):
         if (run.eval_every and t % run.eval_every == 0 or t in (run.iterations, stop)) and t not in evals:
             break  # its evaluation was cut short (or is the end's, still to come): the iteration is redone
         tail.append(train[t])
@@ -679,14 +677,15 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     start_it, state, ckpt = 0, {}, None
     if args.resume:
         ckpt = latest_checkpoint(args.resume)
+        log = read_log(os.path.join(args.resume, "log.jsonl"))  # read once: its config, then the iterations past ckpt
+        config = log[0] if log and log[0].get("type") == "config" and log[0].get("algo") == "es" else None
         if ckpt is not None:
             saved, state = read_checkpoint(ckpt)
+        elif config is None:
+            raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* and no es.py log.jsonl in that "
+                                    "directory")
         else:  # the log alone (a committed log, a run folder without checkpoints): the model is replayed from it
-            config = read_log(os.path.join(args.resume, "log.jsonl"))[:1]
-            if not config or config[0].get("type") != "config" or config[0].get("algo") != "es":
-                raise verify.UsageError(f"--resume {args.resume}: no checkpoint-* and no es.py log.jsonl in that "
-                                        "directory")
-            saved, state = {k: v for k, v in config[0].items() if k in Args.__dataclass_fields__}, {"iteration": 0}
+            saved, state = {k: v for k, v in config.items() if k in Args.__dataclass_fields__}, {"iteration": 0}
         default, free = Args(), ("iterations", "resume", "out", "device", "threads", "report_to", "run_name")
         changed = [k for k, v in dataclasses.asdict(args).items()
                    if k not in free and v != getattr(default, k) and v != saved.get(k)]
@@ -720,8 +719,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
     params = select_params(model, args.params)
     trained = {k: master[k] for k in params}  # the update touches only these (same tensors as in master)
     if args.resume:  # 5. again for each iteration logged past the checkpoint: the same update, so the same weights
-        log = read_log(os.path.join(args.resume, "log.jsonl"))
-        config = log[0] if log and log[0].get("type") == "config" else {}
+        config = config or {}
         same_device = config.get("device_type") == torch.device(device).type  # the noise streams are per device type
         if ckpt is None and (not same_device or config.get("base_digest") != weights_digest(init)):
             raise verify.UsageError(f"--resume {args.resume}: its log was written on {config.get('device_type')} "
@@ -733,7 +731,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
             raise verify.UsageError(f"--resume {args.resume}: its log holds {logged} iterations, more than "
                                     f"--iterations {args.iterations}; nothing was changed")
         # a log from another device type is redone from the checkpoint, not replayed
-        tail = log_tail(args.resume, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations) \
+        tail = log_tail(log, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations) \
             if same_device else []
         if ckpt is None and not tail and logged > 1:
             raise verify.UsageError(f"--resume {args.resume}: no checkpoint, and its log's first iteration cannot be "

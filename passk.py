@@ -370,11 +370,11 @@ class Decoder:
         valid = torch.cat([valid, torch.ones(U, new_tokens, dtype=torch.bool, device=device)], 1)
         self.pos, self.col = pos[:, -1] + 1, c + S
         self.valid = valid
-        self.K, self.V, self.base, self.spare = K, V, K + V, None
+        self.K, self.V, self.scratch = K, V, None
         if not torch.equal(rows, torch.arange(U, device=device)):  # the n samples of a prompt share its prefill
             self.K = [k.index_select(0, rows) for k in K]
             self.V = [v.index_select(0, rows) for v in V]
-            self.base, self.pos, self.valid = self.K + self.V, self.pos[rows], self.valid[rows]
+            self.pos, self.valid = self.pos[rows], self.valid[rows]
             logits = logits.index_select(0, rows)
             enter(rows)
         return logits
@@ -386,7 +386,7 @@ class Decoder:
         the cache's memory: an ES iteration's peak at 2,048 rows); on a GPU the caching allocator makes a fresh gather
         cheap."""
         n = len(index)
-        if self.base[0].device.type != "cpu":
+        if self.K[0].device.type != "cpu":
             self.K = [k.index_select(0, index) for k in self.K]
             self.V = [v.index_select(0, index) for v in self.V]
             self.pos, self.valid = self.pos.index_select(0, index), self.valid.index_select(0, index)
@@ -398,15 +398,15 @@ class Decoder:
             m = min(n - j, max(gap, self.BLOCK))
             plan.append((j, m, gap >= m, index[j:j + m] - (j + m) if gap >= m else index[j:j + m]))
             j += m
-        if self.spare is None and not all(direct for _, _, direct, _ in plan):
-            self.spare = self.base[0].new_empty((self.BLOCK,) + self.base[0].shape[1:])  # the scratch block
+        if self.scratch is None and not all(direct for _, _, direct, _ in plan):
+            self.scratch = self.K[0].new_empty((self.BLOCK,) + self.K[0].shape[1:])
         for kv in self.K + self.V:
             for j, m, direct, src in plan:
                 if direct:  # sources in rows j + m.., destinations j..j + m - 1: disjoint
                     torch.index_select(kv[j + m:], 0, src, out=kv[j:j + m])
                 else:
-                    torch.index_select(kv, 0, src, out=self.spare[:m])
-                    kv[j:j + m] = self.spare[:m]
+                    torch.index_select(kv, 0, src, out=self.scratch[:m])
+                    kv[j:j + m] = self.scratch[:m]
         self.K, self.V = [k[:n] for k in self.K], [v[:n] for v in self.V]
         self.pos, self.valid = self.pos.index_select(0, index), self.valid.index_select(0, index)
 

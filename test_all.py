@@ -617,7 +617,7 @@ def test_decoder_drops_finished_rows_in_place_on_cpu():
     B, layers = 300, 2
     d = passk.Decoder.__new__(passk.Decoder)
     bufs = [torch.randn(B, 2, 5, 3, generator=g) for _ in range(2 * layers)]
-    d.base, d.K, d.V, d.spare = bufs, bufs[:layers], bufs[layers:], None
+    d.K, d.V, d.scratch = bufs[:layers], bufs[layers:], None
     d.pos, d.valid = torch.arange(B), torch.rand(B, 7, generator=g) > 0.5
     want = {"kv": [b.clone() for b in bufs], "pos": d.pos.clone(), "valid": d.valid.clone()}
     ptrs = [b.data_ptr() for b in bufs]
@@ -633,7 +633,7 @@ def test_decoder_drops_finished_rows_in_place_on_cpu():
         assert all(torch.equal(a, b) for a, b in zip(d.K + d.V, want["kv"]))
         assert torch.equal(d.pos, want["pos"]) and torch.equal(d.valid, want["valid"])
         assert [b.data_ptr() for b in d.K + d.V] == ptrs  # the same buffers
-    assert d.spare is not None and d.spare.shape[0] == passk.Decoder.BLOCK  # the scratch block was used
+    assert d.scratch is not None and d.scratch.shape[0] == passk.Decoder.BLOCK  # the scratch block was used
 
 
 def test_sampler_reports_live_rows_to_on_batch(toy_model):
