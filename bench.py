@@ -23,7 +23,9 @@
        and once, at the first size, passk.sample through transformers' own forward (plain=True: the sampler before
        its Decoder) with the count of greedy completions the two share, in bf16 and in fp32;
     i. (only when asked) what --dtype working weights do to a member's perturbation at each of --sigmas: its cosine
-       with sigma * eps, full-rank (written into the weights) and low-rank (added to the activations).
+       with sigma * eps, full-rank (written into the weights) and low-rank (added to the activations);
+    k. (only when asked) bf16 greedy generation as the scripts run it on a CPU without bf16 instructions (passk's
+       Bf16Products: fp32 products of the bf16 operands) against PyTorch's own bf16 kernels and against fp32 weights.
 
     python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
     python bench.py --quick      # the same pipeline, tiny (a test runs it)
@@ -67,8 +69,8 @@ class Args:
     repeats: int = 2
     """timed repeats per measurement (median and spread; part a takes 5x as many); in [1, inf)"""
     parts: str = "a,b,c,d,e,f"
-    """comma list of parts to run, each one of a, b, c, d, e, f, g, h, i, j (g to j, a real model's settings, vLLM,
-    the working dtype's perturbation and grpo.py's loss pass, only when asked)"""
+    """comma list of parts to run, each one of a, b, c, d, e, f, g, h, i, j, k (g to k, a real model's settings,
+    vLLM, the working dtype's perturbation, grpo.py's loss pass and bf16 products, only when asked)"""
     prompts: int = 128
     """P, prompts per ES iteration (es.py's default); in [1, inf)"""
     populations: str = "8,32,128"
@@ -98,7 +100,8 @@ class Args:
     """h: the python of a virtual environment with vLLM's CPU build (docs/bench.md: how to make one); without it part
     h compares the sampler only with itself before Decoder, and says so"""
     rows: str = "256,2048"
-    """h: comma list of row counts, each generated in one call by both engines (the first also before Decoder)"""
+    """h: comma list of row counts, each generated in one call by both engines (the first also before Decoder); k: the
+    first"""
     sigmas: str = "1e-3,3e-3,1e-2"
     """i: comma list of perturbation scales at which part i compares the perturbation as applied with sigma * eps"""
 
@@ -854,6 +857,37 @@ def part_h(ctx):
         del bf16
 
 
+# ---- k. bf16 products on a CPU without bf16 instructions -----------------------------------------------------------
+def part_k(ctx):
+    """bf16 greedy generation of --task's first --rows training prompts (the first size; --new-tokens, one batch)
+    under passk.Bf16Products (what the scripts use where the CPU has no bf16 instructions) against PyTorch's own bf16
+    kernels, alternating, with the completions they share; fp32 weights timed beside them once."""
+    args = ctx.args
+    rows = int(args.rows.split(",")[0])
+    task = verify.get_task(args.task)
+    prompts = [task.prompt(ex, ctx.tok) for ex in task.examples("train", rows, seed=1)]
+    bf16 = copy.deepcopy(ctx.model).to(torch.bfloat16)
+    fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
+    got = {}
+
+    def gen(name, model, products):
+        passk.Bf16Products.paused = not products  # under run()'s own mode where there is one
+        try:
+            with passk.Bf16Products() if products else contextlib.nullcontext():
+                got[name] = passk.sample(model, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
+                                         batch_size=rows, entropy=False).completion_ids
+        finally:
+            passk.Bf16Products.paused = False
+    r = paired(lambda: gen("products", bf16, True), lambda: gen("torch", bf16, False), args.repeats)
+    fp32_seconds = timed(lambda: gen("fp32", fp32, False))
+    same = lambda a, b: sum(x == y for x, y in zip(got[a], got[b]))  # noqa: E731
+    record(ctx, "k", f"bf16 greedy generation, {rows} rows: fp32 products of the bf16 operands (Bf16Products) vs "
+           f"PyTorch's bf16 kernels", rows=rows, new_tokens=args.new_tokens, native_bf16=passk.native_bf16(),
+           rows_per_s=rows / r["median"], torch_rows_per_s=rows / r["bound_median"], fp32_seconds=fp32_seconds,
+           same_as_torch=same("products", "torch"), same_as_fp32=same("products", "fp32"), **r)
+    del bf16, fp32
+
+
 # ---- the table and the driver ---------------------------------------------------------------------------------------
 def print_table(records):
     print("\n== bench: medians (min..max) ==")
@@ -890,6 +924,13 @@ def print_table(records):
                     f"{r['same_as_plain_fp32']}/{r['rows']}"
             print(line)
             continue
+        if r["part"] == "k":
+            print(f"[k] {r['name']} (bf16 instructions: {'yes' if r['native_bf16'] else 'no'}): {r['median']:.4g} s "
+                  f"({r['min']:.4g}..{r['max']:.4g}), {r['rows_per_s']:.1f} rows/s; PyTorch's bf16 "
+                  f"{r['bound_median']:.4g} s ({r['bound_min']:.4g}..{r['bound_max']:.4g}): {1 / r['ratio']:.2f}x; "
+                  f"fp32 weights {r['fp32_seconds']:.4g} s; same completions as PyTorch's bf16 "
+                  f"{r['same_as_torch']}/{r['rows']}, as fp32 {r['same_as_fp32']}/{r['rows']}")
+            continue
         if "reference_restore_changed_frac_after_30" in r:
             line += f"; after 30 perturb/restore cycles: es.py {r['restore_changed_after_30']} weights changed, " \
                     f"the reference's add/subtract {r['reference_restore_changed_frac_after_30']:.1%} (max " \
@@ -909,7 +950,7 @@ def print_table(records):
 
 
 PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d, "e": part_e, "f": part_f, "g": part_g, "h": part_h,
-         "i": part_i, "j": part_j}
+         "i": part_i, "j": part_j, "k": part_k}
 
 
 def run(args):
@@ -917,7 +958,8 @@ def run(args):
     passk.check_fields(args)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or set(parts) - set(PARTS):
-        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h, i, j; got {args.parts!r}")
+        raise verify.UsageError(f"--parts must be a comma list of a, b, c, d, e, f, g, h, i, j, k; got "
+                                f"{args.parts!r}")
     try:
         if not all(float(x) > 0 for x in args.sigmas.split(",")):
             raise ValueError
@@ -954,7 +996,8 @@ def run(args):
 
 def main(args):
     try:
-        return run(args)
+        with passk.bf16_products(args.device, args.dtype):  # as the scripts run bf16 (part k compares)
+            return run(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

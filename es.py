@@ -778,7 +778,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
             passk.cast_params(model, passk.DTYPES[args.dtype])  # would keep its rounding)
             restore(every, master)
         if rank == 0:
-            log_line(log_path, {"type": "eval", "iteration": t, **summary}, tracker)
+            log_line(log_path, {"type": "eval", "iteration": t, **summary, **passk.products_note(args.eval_dtype)},
+                     tracker)
             print(f"[eval {t:4d}] " + passk.eval_line(summary), flush=True)
 
     if start_it == 0 and evaluate_start:  # a schedule's later stage starts from an evaluated model
@@ -841,7 +842,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                    **({"probe_before": probe[0], "probe_after": probe[1], "time_probe": t_probe} if probe else {}),
                    "update_norm": update_norm, "drift": relative_drift(trained, init), "generations": gens,
                    "tokens": tokens, "wall": wall, "evals_per_s": args.population / (time.time() - t0 - t_probe),
-                   "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update}
+                   "time_perturb": timing["perturb"], "time_generate": timing["generate"], "time_update": t_update,
+                   **passk.products_note(args.dtype)}
             log_line(log_path, rec, tracker)
             bar.set_postfix(reward=f"{rec['reward']:.3f}", js=f"{rec['js_diversity']:.2f}",
                             cov=f"{rec['coverage']:.2f}")
@@ -867,7 +869,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
 
 def main(args):
     try:
-        return replay(args) if args.replay else train(args)
+        # a resumed run's dtypes are in its log: bf16 is assumed (the mode only ever touches bf16 products)
+        with passk.bf16_products(args.device, *(("bf16",) if args.resume else (args.dtype, args.eval_dtype))):
+            return replay(args) if args.replay else train(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

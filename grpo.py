@@ -362,8 +362,9 @@ def step_sums(s, parts, stats, n_rows, n_seqs, n_tokens, world=1, device="cpu"):
             "completions": n_seqs, "completion_tokens": n_tokens}
 
 
-def step_record(t, all_rewards, sums, loss, inner_epochs, totals, t_gen, t_update):
-    """Step t's "train" record from score's all_rewards, step_sums, update's loss, the totals so far, the timings."""
+def step_record(t, all_rewards, sums, loss, inner_epochs, totals, t_gen, t_update, dtype="fp32"):
+    """Step t's "train" record from score's all_rewards, step_sums, update's loss, the totals so far, the timings
+    (dtype: the forwards', for passk.products_note)."""
     n_comp, n_tok = sums["completions"], sums["completion_tokens"]
     return {"type": "train", "iteration": t + 1, "reward": float(all_rewards.mean()),
             "reward_std": float(all_rewards.std()), "reward_min": float(all_rewards.min()),
@@ -373,7 +374,7 @@ def step_record(t, all_rewards, sums, loss, inner_epochs, totals, t_gen, t_updat
             "loss": loss / inner_epochs, "zero_std_frac": float((all_rewards.std(dim=1) == 0).float().mean()),
             "trained_frac": sums["rows"] / n_comp, "mean_length": n_tok / n_comp,
             "generations": totals["generations"], "tokens": totals["tokens"], "wall": totals["wall"],
-            "time_generate": t_gen, "time_update": t_update}
+            "time_generate": t_gen, "time_update": t_update, **passk.products_note(dtype)}
 
 
 def progress(bar, rec):
@@ -394,7 +395,8 @@ def evaluate(run, t):
     summary = passk.held_out(model, run.tokenizer, run.task, run.held_out, run.greedy_set, run.args.eval_n,
                              run.args.max_new_tokens, run.args.batch_size, run.rank, run.world)
     if run.rank == 0:
-        log_line(run.log_path, {"type": "eval", "iteration": t, **summary}, run.tracker)
+        log_line(run.log_path, {"type": "eval", "iteration": t, **summary,
+                                **passk.products_note(run.args.eval_dtype)}, run.tracker)
         print(f"[eval {t:4d}] " + passk.eval_line(summary), flush=True)
     return summary
 
@@ -616,7 +618,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         totals["wall"] += time.time() - t0
         if rank == 0:
             rec = step_record(t, all_rewards, sums, stats["loss"], args.inner_epochs, totals, t_gen,
-                              time.time() - t0 - t_gen)
+                              time.time() - t0 - t_gen, args.dtype)
             log_line(run.log_path, rec, run.tracker)  # the one place that writes "train" records
             progress(bar, rec)
         done = t + 1 == args.iterations
@@ -633,7 +635,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
 
 def main(args):
     try:
-        return train(args)
+        # a resumed run's dtypes are in its checkpoint: bf16 is assumed (the mode only ever touches bf16 products)
+        with passk.bf16_products(args.device, *(("bf16",) if args.resume else (args.dtype, args.eval_dtype))):
+            return train(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

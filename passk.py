@@ -180,6 +180,66 @@ def cast_params(model, dtype):
         p.data = p.data.to(dtype)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX) for PyTorch's bf16 matmuls."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+# bf16 matrix products that Bf16Products computes in fp32: nn.Linear, the eager attention's matmuls, and the rest
+_PRODUCTS = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.Tensor.matmul, torch.Tensor.__matmul__,
+             torch.Tensor.mm, torch.Tensor.bmm}
+
+
+class Bf16Products(torch.overrides.TorchFunctionMode):
+    """bf16 matrix products on a CPU without bf16 instructions, computed as bf16 hardware computes them: the bf16
+    operands (under autocast: the operands rounded to bf16, as autocast rounds them) multiplied and summed in fp32, the
+    result rounded to bf16 once. Everything else (weights, activations, norms, attention) stays bf16. Why: on such a
+    CPU (AVX2 only) PyTorch's own bf16 GEMM is a fallback about 40x slower than fp32 (docs/measured.md), so a bf16 run
+    would all but stop; under this mode it runs near fp32's speed with bf16 weights and activations (bench.py part
+    k). Only the summation order differs from a bf16 kernel (oneDNN's own varies it with the batch shape). Gradients
+    flow through it as through autocast."""
+
+    active = 0  # how many are entered: the training scripts' logs say when their bf16 products were fp32 ones
+    paused = False  # True: PyTorch's own bf16 kernels again (bench.py part k times them against this mode)
+
+    def __enter__(self):
+        Bf16Products.active += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        Bf16Products.active -= 1
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _PRODUCTS and not Bf16Products.paused:
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            auto = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            if tensors and all(t.device.type == "cpu" for t in tensors) \
+                    and (auto or any(t.dtype == torch.bfloat16 for t in tensors)):
+                def up(a):
+                    return a.to(torch.bfloat16).float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                with torch.autocast("cpu", enabled=False):
+                    out = func(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+                return out.to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
+def bf16_products(device: str, *dtypes: str):
+    """Bf16Products() where a run computes in bf16 (any of dtypes is "bf16") on a CPU without bf16 instructions, else
+    a context that does nothing. The scripts' main() runs inside it."""
+    import contextlib
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if "bf16" in dtypes and torch.device(device).type == "cpu" and not native_bf16():
+        return Bf16Products()
+    return contextlib.nullcontext()
+
+
+def products_note(*dtypes: str) -> dict:
+    """{"bf16_products": "fp32"} for a log record whose bf16 (any of dtypes) ran under Bf16Products, else {}."""
+    return {"bf16_products": "fp32"} if "bf16" in dtypes and Bf16Products.active else {}
+
+
 def load_model(name: str = DEFAULT_MODEL, dtype: str = "fp32", device: str = "cpu"):
     """(model, tokenizer) from a local directory or a hub id; a run directory loads its latest checkpoint, and a
     schedule directory (sequential.py) its last stage's.
@@ -1026,7 +1086,8 @@ def parse_args(argv=None):
 
 def main(args):
     try:
-        return run(args)
+        with bf16_products(args.device, args.dtype):
+            return run(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -404,9 +404,11 @@ def main(args):
             with open(os.path.join(args.out, "args.json.tmp"), "w") as f:
                 json.dump(dataclasses.asdict(dataclasses.replace(args, resume="")), f, indent=1)
             os.replace(os.path.join(args.out, "args.json.tmp"), os.path.join(args.out, "args.json"))
-        if args.sweep:
-            return sweep(args)
-        lines = run_schedule(args, stages, args.out)
+        dtypes = (args.eval_dtype, args.es.get("dtype", "fp32"), args.grpo.get("dtype", "fp32"))
+        with passk.bf16_products(args.device, *dtypes):  # bf16 on a CPU without bf16 instructions: fp32 products
+            if args.sweep:
+                return sweep(args)
+            lines = run_schedule(args, stages, args.out)
         s = summary(lines)
         if rank == 0:
             print(f"schedule {args.schedule}: " + "  ".join(f"{k}={v:.3f}" for k, v in s.items()

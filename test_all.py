@@ -1,5 +1,6 @@
 """The project's tests: verify.py (verifiers, adversarial inputs, MATH-500 and GSM8K round trips, tasks), passk.py
 (Pass@k, diversity, the sampler, the CLI), the embedded model and toy.py, es.py and grpo.py. Run: python -m pytest -q test_all.py"""
+import contextlib
 import copy
 import dataclasses
 import json
@@ -1226,6 +1227,68 @@ def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path, monkeypatch):
     base = passk.load_model(TOY)[0].state_dict()
     k = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(w[k], base[k]) and not torch.equal(w[k], w[k].to(torch.bfloat16).float())
+
+
+def test_bf16_products_are_fp32_products_of_the_bf16_operands_rounded_once():
+    """passk.Bf16Products (bf16 on a CPU without bf16 instructions): every bf16 matrix product is the fp32 product of
+    its bf16 operands rounded to bf16 once, under autocast too (operands rounded as autocast rounds them), with
+    autocast's gradients; fp32 products are left alone."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=g) for s in ((5, 3, 48), (24, 48), (24,)))
+    xb, wb, bb = x.bfloat16(), w.bfloat16(), b.bfloat16()
+    with passk.Bf16Products():
+        out = [F.linear(xb, wb, bb), torch.matmul(xb, wb.T), xb @ wb.T, torch.bmm(xb, xb.transpose(1, 2)),
+               F.linear(x, w, b)]
+    want = [F.linear(xb.float(), wb.float(), bb.float()).bfloat16(), (xb.float() @ wb.float().T).bfloat16(),
+            (xb.float() @ wb.float().T).bfloat16(), torch.bmm(xb.float(), xb.float().transpose(1, 2)).bfloat16(),
+            F.linear(x, w, b)]
+    assert [o.dtype for o in out] == [torch.bfloat16] * 4 + [torch.float32]
+    assert all(torch.equal(o, v) for o, v in zip(out, want))
+    grads = []
+    for mode in (passk.Bf16Products(), contextlib.nullcontext()):
+        wp = w.clone().requires_grad_()
+        with mode, torch.autocast("cpu", dtype=torch.bfloat16):
+            y = F.linear(x, wp, b)
+        assert y.dtype == torch.bfloat16
+        y.float().square().sum().backward()
+        grads.append(wp.grad)
+        if isinstance(mode, passk.Bf16Products):
+            assert torch.equal(y, want[0])
+    assert grads[0].dtype == torch.float32 and (grads[0] - grads[1]).norm() <= 1e-2 * grads[1].norm()
+    native = F.linear(xb, wb, bb)  # PyTorch's own bf16 kernel
+    passk.Bf16Products.paused = True  # bench.py part k: PyTorch's own kernels under the mode
+    try:
+        with passk.Bf16Products():
+            assert torch.equal(F.linear(xb, wb, bb), native)
+            with pytest.raises(RuntimeError):  # mixed dtypes, which the running mode would have converted
+                F.linear(x, wb)
+    finally:
+        passk.Bf16Products.paused = False
+
+
+def test_bf16_products_only_for_bf16_on_a_cpu_without_bf16_instructions(tmp_path, monkeypatch):
+    """The scripts run inside passk.bf16_products: the mode where a bf16 run meets a CPU without bf16 instructions,
+    nowhere else; the log says which records it computed (bf16_products), and an ES log replays to its checkpoint
+    whatever computed its rewards."""
+    monkeypatch.setattr(passk, "native_bf16", lambda: False)
+    assert isinstance(passk.bf16_products("cpu", "fp32", "bf16"), passk.Bf16Products)
+    assert not isinstance(passk.bf16_products("cpu", "fp32", "fp32"), passk.Bf16Products)
+    assert not isinstance(passk.bf16_products("cuda", "bf16"), passk.Bf16Products)
+    es.main(small_es(tmp_path, "emulated", dtype="bf16", eval_dtype="bf16", eval_every=1))
+    log = [json.loads(x) for x in open(tmp_path / "emulated" / "log.jsonl")][1:]
+    assert [r.get("bf16_products") for r in log] == ["fp32"] * 5 and passk.Bf16Products.active == 0
+    es.main(es.Args(replay=str(tmp_path / "emulated" / "log.jsonl"), out=str(tmp_path / "replayed"), threads=1))
+    from safetensors.torch import load_file
+    a, b = weights(tmp_path / "emulated"), load_file(str(tmp_path / "replayed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    grpo.main(small_grpo(tmp_path, "grpo", iterations=1, dtype="bf16"))
+    log = [json.loads(x) for x in open(tmp_path / "grpo" / "log.jsonl")]
+    assert [r.get("bf16_products") for r in log if r["type"] == "train"] == ["fp32"]
+    monkeypatch.setattr(passk, "native_bf16", lambda: True)
+    assert not isinstance(passk.bf16_products("cpu", "bf16"), passk.Bf16Products)
+    es.main(small_es(tmp_path, "native", dtype="bf16", iterations=1))
+    assert not [r for r in map(json.loads, open(tmp_path / "native" / "log.jsonl")) if "bf16_products" in r]
 
 
 def test_es_world_size_2_equals_world_size_1(tmp_path):
@@ -2764,6 +2827,16 @@ def test_bench_part_j_times_grpo_loss_pass_against_the_loss_as_it_was(tmp_path, 
     assert "distance from fp32's" in capsys.readouterr().out
     (r,) = bench.main(bench.Args(quick=True, parts="j", dtype="bf16", out=str(tmp_path / "bf16"), threads=1))
     assert 0 < r["gradient_now_from_fp32"] < 0.05 and 0 < r["gradient_was_from_fp32"] < 0.05  # bf16 rounds
+
+
+def test_bench_part_k_times_bf16_products_against_pytorchs_bf16(tmp_path, capsys):
+    """Part k times bf16 generation under Bf16Products against PyTorch's own bf16 kernels (the mode paused) and fp32,
+    and counts the completions they share; the pause is undone."""
+    (r,) = bench.main(bench.Args(quick=True, parts="k", dtype="bf16", rows="8", out=str(tmp_path / "k"), threads=1))
+    assert r["rows"] == 8 and r["median"] > 0 and r["bound_median"] > 0 and r["fp32_seconds"] > 0
+    assert r["native_bf16"] == passk.native_bf16() and 0 <= r["same_as_torch"] <= 8 and 0 <= r["same_as_fp32"] <= 8
+    assert not passk.Bf16Products.paused and passk.Bf16Products.active == 0
+    assert "PyTorch's bf16" in capsys.readouterr().out
 
 
 FAKE_VLLM = """
