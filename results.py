@@ -16,7 +16,8 @@ every evaluation), in the order of RESULTS.md, one function per section:
     5. claim_population population size against model size, until the choice is not at the grid's edge
     6. question_cost    generations and seconds to a matched quality; memory of one step
     7. question_temperature  does sampling hotter recover coverage from each model, over seeds
-    8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/
+    8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/recipe/,
+                        then the earlier study's in results/llm/
 
 Every section returns plain data; `collect` puts it in summary.json and `render` writes RESULTS.md and the plots from
 summary.json alone (`--render` does only that, from a fresh clone).
@@ -130,10 +131,14 @@ class Args:
     """seeds of the equal-updates ES runs the sparsity claims are decided over (each against GRPO of its seed)"""
     forget_problems: int = 1000
     """unseen-family problems of the forgetting measurement (n = 16 each); in [1, inf)"""
-    llm_runs: str = os.path.join(HERE, "results", "llm")
+    llm_runs: str = os.path.join(HERE, "results", "llm", "recipe")
     """folder of docs/llm.md's SmolLM2 logs (tune/NAME/ and METHOD-seedS/, each a log.jsonl); reported when present"""
+    llm_earlier: str = os.path.join(HERE, "results", "llm")
+    """folder of the earlier SmolLM2 study (the same layout), reported after --llm-runs' and marked as earlier ('':
+    none)"""
     llm: bool = False
-    """only refresh summary.json's llm and llm_tuning from --llm-runs, then write RESULTS.md and the plots"""
+    """only refresh summary.json's llm, llm_tuning, llm_verdicts and llm_earlier from --llm-runs and --llm-earlier,
+    then write RESULTS.md and the plots"""
     workers: int = 2
     """processes sharing the runs through lock files (this one and workers - 1 helpers it starts; a helper, 0, makes
     runs and writes no report); in [0, inf)"""
@@ -871,6 +876,14 @@ def question_llm(folder):
     return runs, sorted(tuning, key=grid), llm_verdicts(figures)  # a grid reads in order of its values
 
 
+def llm_studies(args):
+    """summary.json's llm, llm_tuning and llm_verdicts (--llm-runs) and llm_earlier (--llm-earlier: the same three)."""
+    runs, tuning, verdicts = question_llm(args.llm_runs)
+    earlier = question_llm(args.llm_earlier) if args.llm_earlier else ([], [], [])
+    return {"llm": runs, "llm_tuning": tuning, "llm_verdicts": verdicts,
+            "llm_earlier": dict(zip(("runs", "tuning", "verdicts"), earlier))}
+
+
 def llm_diagnostics(train):
     """The means of an ES log's diagnostics over its iterations (issue 38): fitness_reliability, and with --probe the
     master's reward gain on each iteration's prompts (probe_after - probe_before); {} where a log has neither."""
@@ -998,7 +1011,7 @@ def collect(args, typed):
     es_logs = {**{os.path.basename(folder): log for folder, log in es_runs}, **pop_logs}  # by folder: each run once
     s["diversity"] = claim_diversity(es_logs)
     s["temperature"] = question_temperature(runs, chosen)
-    s["llm"], s["llm_tuning"], s["llm_verdicts"] = question_llm(args.llm_runs)
+    s.update(llm_studies(args))
     s["verdicts"] = [v for sec in ("passk", "diversity", "sequential", "sparsity", "population", "temperature")
                      for v in s[sec]["verdicts"]]
     s["compute_minutes"] = runs.compute_minutes()
@@ -1029,6 +1042,70 @@ def vline(v):
     n = f"{v['runs']} runs" if "runs" in v else f"{v['seeds']} seed" + "s" * (v["seeds"] != 1)
     n = f"{v['problems']} problems x {n}, paired" if "problems" in v else n
     return f"- **{v['claim']}: {v['verdict']}**{d} ({n})."
+
+
+def plot_llm(runs, tuning, plt, save, prefix="llm"):
+    """Section 8's figures of one study (summary.json's llm and llm_tuning, or llm_earlier's): PREFIX-curves.png
+    (held-out pass@1 and pass@16 over generations), PREFIX-greedy.png (greedy pass@1 over updates and generations),
+    PREFIX-grid.png (issue 38's grids)."""
+    if runs:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for r in runs:
+            c = r["curve"]
+            for ax, j in zip(axes, (1, 2)):
+                ax.plot([p[0] for p in c], [p[j] for p in c], marker="o", color=f"C{LLM_METHODS.index(r['method'])}",
+                        linestyle="-" if r["seed"] == 0 else "--", label=f"{LABEL[r['method']]} seed {r['seed']}")
+        for ax, k in zip(axes, ("pass@1", "pass@16")):
+            ax.set_xlabel("sampled generations")
+            ax.set_ylabel(f"held-out {k} (T = 1)")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        save(fig, f"{prefix}-curves.png")
+        greedy = [r for r in runs if "greedy_curve" in r]
+        if greedy:  # issue 38's runs: greedy pass@1 over updates and over generations, every method side by side
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+            for r in greedy:
+                c = r["greedy_curve"]
+                for ax, j in zip(axes, (3, 0)):
+                    ax.plot([p[j] for p in c], [p[2] for p in c], marker="o",
+                            color=f"C{LLM_METHODS.index(r['method'])}", linestyle="-" if r["seed"] == 0 else "--",
+                            label=f"{LABEL[r['method']]} seed {r['seed']}")
+            for ax, x in zip(axes, ("updates (ES iterations, GRPO steps)", "sampled generations")):
+                ax.set_xlabel(x)
+                ax.set_ylabel("held-out greedy pass@1")
+                ax.grid(alpha=0.3)
+            axes[1].set_xscale("symlog", linthresh=1000)
+            axes[0].legend(fontsize=7)
+            save(fig, f"{prefix}-greedy.png")
+    grids = {m: llm_grid(tuning, m) for m in ("es", "grpo")}
+    grids = {m: g for m, g in grids.items() if g[0]}
+    if grids:  # issue 38's grids: each cell's val greedy pass@1, the rule's choice outlined
+        fig, axes = plt.subplots(1, len(grids), figsize=(5.2 * len(grids), 3.8), squeeze=False)
+        every = [t[k] for cells, _ in grids.values() for t in cells for k in ("base_score", "score")]
+        lo, hi = min(every), max(every)  # one scale for both grids, from the base's score or the lowest cell
+        for ax, (m, (cells, xy)) in zip(axes[0], grids.items()):
+            xy = [(float(f"{x:.4g}"), float(f"{y:.4g}")) for x, y in xy]  # alpha / sigma without float noise
+            xs, ys = sorted({x for x, _ in xy}), sorted({y for _, y in xy})
+            grid = np.full((len(ys), len(xs)), np.nan)
+            for (x, y), t in zip(xy, cells):
+                grid[ys.index(y), xs.index(x)] = t["score"]
+            im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=lo, vmax=max(hi, lo + 1e-6))
+            for (i, j), v in np.ndenumerate(grid):
+                if not np.isnan(v):
+                    ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8,
+                            color="k" if v > lo + 0.6 * (hi - lo) else "w")
+            best = llm_chosen(cells, m)
+            (bx, by), = [p for p, t in zip(xy, cells) if t is best]
+            ax.add_patch(plt.Rectangle((xs.index(bx) - 0.5, ys.index(by) - 0.5), 1, 1,
+                                       fill=False, edgecolor="r", linewidth=2))
+            ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
+            ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
+            ax.set_xlabel("sigma" if m == "es" else "lr")
+            ax.set_ylabel("alpha / sigma" if m == "es" else "beta")
+            ax.set_title(f"{LABEL[m]}: val greedy pass@1 after {cells[0]['iterations']} updates "
+                         f"(base {cells[0]['base_score']:.3f})", fontsize=9)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        save(fig, f"{prefix}-grid.png")
 
 
 def plots(s, figdir):
@@ -1126,64 +1203,9 @@ def plots(s, figdir):
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, ncol=2)
     save(fig, "temperature.png")
-    if s.get("llm"):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-        for r in s["llm"]:
-            c = r["curve"]
-            for ax, j in zip(axes, (1, 2)):
-                ax.plot([p[0] for p in c], [p[j] for p in c], marker="o", color=f"C{LLM_METHODS.index(r['method'])}",
-                        linestyle="-" if r["seed"] == 0 else "--", label=f"{LABEL[r['method']]} seed {r['seed']}")
-        for ax, k in zip(axes, ("pass@1", "pass@16")):
-            ax.set_xlabel("sampled generations")
-            ax.set_ylabel(f"held-out {k} (T = 1)")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        save(fig, "llm-curves.png")
-        greedy = [r for r in s["llm"] if "greedy_curve" in r]
-        if greedy:  # issue 38's runs: greedy pass@1 over updates and over generations, every method side by side
-            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-            for r in greedy:
-                c = r["greedy_curve"]
-                for ax, j in zip(axes, (3, 0)):
-                    ax.plot([p[j] for p in c], [p[2] for p in c], marker="o",
-                            color=f"C{LLM_METHODS.index(r['method'])}", linestyle="-" if r["seed"] == 0 else "--",
-                            label=f"{LABEL[r['method']]} seed {r['seed']}")
-            for ax, x in zip(axes, ("updates (ES iterations, GRPO steps)", "sampled generations")):
-                ax.set_xlabel(x)
-                ax.set_ylabel("held-out greedy pass@1")
-                ax.grid(alpha=0.3)
-            axes[1].set_xscale("symlog", linthresh=1000)
-            axes[0].legend(fontsize=7)
-            save(fig, "llm-greedy.png")
-    grids = {m: llm_grid(s.get("llm_tuning", []), m) for m in ("es", "grpo")}
-    grids = {m: g for m, g in grids.items() if g[0]}
-    if grids:  # issue 38's grids: each cell's val greedy pass@1, the rule's choice outlined
-        fig, axes = plt.subplots(1, len(grids), figsize=(5.2 * len(grids), 3.8), squeeze=False)
-        every = [t[k] for cells, _ in grids.values() for t in cells for k in ("base_score", "score")]
-        lo, hi = min(every), max(every)  # one scale for both grids, from the base's score or the lowest cell
-        for ax, (m, (cells, xy)) in zip(axes[0], grids.items()):
-            xy = [(float(f"{x:.4g}"), float(f"{y:.4g}")) for x, y in xy]  # alpha / sigma without float noise
-            xs, ys = sorted({x for x, _ in xy}), sorted({y for _, y in xy})
-            grid = np.full((len(ys), len(xs)), np.nan)
-            for (x, y), t in zip(xy, cells):
-                grid[ys.index(y), xs.index(x)] = t["score"]
-            im = ax.imshow(grid, origin="lower", cmap="viridis", vmin=lo, vmax=max(hi, lo + 1e-6))
-            for (i, j), v in np.ndenumerate(grid):
-                if not np.isnan(v):
-                    ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8,
-                            color="k" if v > lo + 0.6 * (hi - lo) else "w")
-            best = llm_chosen(cells, m)
-            (bx, by), = [p for p, t in zip(xy, cells) if t is best]
-            ax.add_patch(plt.Rectangle((xs.index(bx) - 0.5, ys.index(by) - 0.5), 1, 1,
-                                       fill=False, edgecolor="r", linewidth=2))
-            ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
-            ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys])
-            ax.set_xlabel("sigma" if m == "es" else "lr")
-            ax.set_ylabel("alpha / sigma" if m == "es" else "beta")
-            ax.set_title(f"{LABEL[m]}: val greedy pass@1 after {cells[0]['iterations']} updates "
-                         f"(base {cells[0]['base_score']:.3f})", fontsize=9)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        save(fig, "llm-grid.png")
+    plot_llm(s.get("llm", []), s.get("llm_tuning", []), plt, save)
+    earlier = s.get("llm_earlier") or {}
+    plot_llm(earlier.get("runs", []), earlier.get("tuning", []), plt, save, "llm-earlier")
     for key, m in s["sparsity"]["models"].items():
         for png in ("keep.png", "compress.png"):
             src = os.path.join(m["folder"], png)
@@ -1272,16 +1294,30 @@ def llm_cost(runs):
     return {"target": target, **{m: {"generations": float(p[0]), "minutes": float(p[1])} for m, p in first.items()}}
 
 
-def render_llm(runs, tuning, figures, verdicts=()):
-    """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts."""
-    fig = lambda f: f"![{f}]({figures}/{f})"
+def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
+    """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts; with later (the llm_tuning of the
+    study that replaced it), llm_earlier's runs as a marked subsection, its figures named PREFIX-*.png."""
+    fig = lambda f: (lambda g: f"![{g}]({figures}/{g})")(f.replace("llm-", prefix + "-", 1))  # noqa: E731
     diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
-    L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", "",
-         f"Task `{(runs or tuning)[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
-         "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
-         "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step" + (
-             "; on issue 38's grid the score is greedy pass@1 and a tie goes to the higher fitness reliability (ES), "
-             "the smaller lr, then beta (GRPO)" if diag else "") + ".", ""]
+    if later is None:
+        L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", ""]
+    else:  # the step that explains it: alpha / sigma and the population, against the later study's choice
+        es_was, es_now = llm_chosen(tuning, "es"), llm_chosen(later, "es")
+        L = ["### The earlier study, at a small ES step (kept for the record)", "",
+             "Made before the study above and superseded by it" + (
+                 f": ES's tuned step was alpha / sigma = {es_was['params']['alpha'] / es_was['params']['sigma']:.3g} "
+                 f"with N = {es_was['params']['population']} members x {es_was['params']['prompts']} prompts each "
+                 f"(above: {es_now['params']['alpha'] / es_now['params']['sigma']:.3g} with "
+                 f"{es_now['params']['population']} x {es_now['params']['prompts']}; the recipes use 0.5 at N = 30), "
+                 "so an iteration moved theta toward its best members by a small fraction of what it does above"
+                 if es_was and es_now else "") + ".", ""]
+    if not runs and not tuning:
+        return L + ["No runs yet.", ""]
+    L += [f"Task `{(runs or tuning)[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "
+          "Tuning: equal-length short runs from the base model, scored on the val split; the rule "
+          "(fixed before the runs): the highest val pass@1 wins, a tie goes to the smaller step" + (
+              "; on issue 38's grid the score is greedy pass@1 and a tie goes to the higher fitness reliability (ES), "
+              "the smaller lr, then beta (GRPO)" if diag else "") + ".", ""]
     L += ["| method | settings | val " + ("score" if diag else "pass@1") + " before -> after | " + (
         "fitness reliability | probe gain | " if diag else "") + "generations | minutes |",
           "|---|---|---|" + ("---|---|" if diag else "") + "---|---|"]
@@ -1500,8 +1536,12 @@ def render(s, doc, figures):
         L += ["", f"Equal-generations models, seed 0. " + fig("temperature.png"), "",
               f"Raising T to {hot:g} changes pass@{K} by {gain['es']:+.3f} for ES and {gain['grpo']:+.3f} for GRPO "
               "(one seed: a direction, not a verdict).", ""]
-    if s.get("llm") or s.get("llm_tuning"):
-        L += render_llm(s["llm"], s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
+    earlier = s.get("llm_earlier") or {}
+    if s.get("llm") or s.get("llm_tuning") or earlier.get("runs") or earlier.get("tuning"):
+        L += render_llm(s.get("llm", []), s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
+    if earlier.get("runs") or earlier.get("tuning"):
+        L += render_llm(earlier["runs"], earlier["tuning"], figures, earlier["verdicts"], "llm-earlier",
+                        s.get("llm_tuning", []))
     L += ["## Every verdict", "", "| claim | verdict | difference | half-width |", "|---|---|---|---|"]
     for v in s["verdicts"] + [{**v, "claim": f"SmolLM2: {v['claim']}"} for v in s.get("llm_verdicts", [])]:
         L.append(f"| {v['claim']} | {v['verdict']} | {fmt(v['difference'])} | {fmt(v['half_width'])} |")
@@ -1578,7 +1618,7 @@ def run(args):
             raise verify.UsageError(f"--{'render' if args.render else 'llm'} needs {path} (written by a full run)")
         s = json.load(open(path))
         if args.llm:
-            s["llm"], s["llm_tuning"], s["llm_verdicts"] = question_llm(args.llm_runs)
+            s.update(llm_studies(args))
             with open(path + ".tmp", "w") as f:
                 json.dump(s, f, indent=1)
             os.replace(path + ".tmp", path)
