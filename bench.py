@@ -24,7 +24,7 @@
        its Decoder) with the count of greedy completions the two share, in bf16 and in fp32;
     i. (only when asked) what --dtype working weights do to a member's perturbation at each of --sigmas: its cosine
        with sigma * eps, full-rank (written into the weights) and low-rank (added to the activations);
-    k. (only when asked) bf16 greedy generation as the scripts run it on a CPU without bf16 instructions (passk's
+    k. (only when asked) bf16 greedy generation as the scripts run it on a CPU without bf16 support (passk's
        Bf16Products: fp32 products of the bf16 operands) against PyTorch's own bf16 kernels and against fp32 weights.
 
     python bench.py              # about 10 minutes on 2 CPU cores: prints the table, writes OUT/bench.jsonl
@@ -149,7 +149,8 @@ def setup(args):
 
 def record(ctx, part, name, **values):
     """One measurement: kept, appended to OUT/bench.jsonl at once (a later part's failure loses nothing), shown."""
-    rec = {"part": part, "name": name, **values}
+    rec = {"part": part, "name": name, **values,
+           **(passk.products_note(ctx.args.dtype) if part != "k" else {})}  # part k times both ways
     ctx.records.append(rec)
     with open(os.path.join(ctx.args.out, "bench.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -857,10 +858,10 @@ def part_h(ctx):
         del bf16
 
 
-# ---- k. bf16 products on a CPU without bf16 instructions -----------------------------------------------------------
+# ---- k. bf16 products on a CPU without bf16 support -----------------------------------------------------------
 def part_k(ctx):
     """bf16 greedy generation of --task's first --rows training prompts (the first size; --new-tokens, one batch)
-    under passk.Bf16Products (what the scripts use where the CPU has no bf16 instructions) against PyTorch's own bf16
+    under passk.Bf16Products (what the scripts use where the CPU has no bf16 support) against PyTorch's own bf16
     kernels, alternating, with the completions they share; fp32 weights timed beside them once."""
     args = ctx.args
     rows = int(args.rows.split(",")[0])
@@ -925,7 +926,7 @@ def print_table(records):
             print(line)
             continue
         if r["part"] == "k":
-            print(f"[k] {r['name']} (bf16 instructions: {'yes' if r['native_bf16'] else 'no'}): {r['median']:.4g} s "
+            print(f"[k] {r['name']} (oneDNN bf16: {'yes' if r['native_bf16'] else 'no'}): {r['median']:.4g} s "
                   f"({r['min']:.4g}..{r['max']:.4g}), {r['rows_per_s']:.1f} rows/s; PyTorch's bf16 "
                   f"{r['bound_median']:.4g} s ({r['bound_min']:.4g}..{r['bound_max']:.4g}): {1 / r['ratio']:.2f}x; "
                   f"fp32 weights {r['fp32_seconds']:.4g} s; same completions as PyTorch's bf16 "

@@ -555,8 +555,12 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     if args.beta > 0:  # the frozen reference is the model we start from (the base, also when resuming)
         ref = passk.load_model(args.model, "fp32", device)[0] if ckpt else copy.deepcopy(model)
         ref.requires_grad_(False).eval()
-    if args.grad_checkpointing:
-        model.activation_checkpointing_enable()  # transformers 5 name of gradient checkpointing
+    if args.grad_checkpointing:  # transformers 5 name of gradient checkpointing; the backward's recompute runs
+        # outside any torch function mode (the mode is off inside its own handler, which the backward call went
+        # through), so passk.Bf16Products is entered again for it: else its bf16 products differ from the forward's
+        again = {"activation_checkpointing_kwargs": {"use_reentrant": False, "context_fn": lambda: (
+            nullcontext(), passk.Bf16Products())}} if passk.Bf16Products.active else {}
+        model.activation_checkpointing_enable(**again)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     if ckpt:
         try:

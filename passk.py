@@ -181,8 +181,9 @@ def cast_params(model, dtype):
 
 
 def native_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX) for PyTorch's bf16 matmuls."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    """Whether PyTorch's bf16 matmuls on this CPU take oneDNN's path (its own test: AVX-512, AMX, or Arm's bf16),
+    rather than the slow fallback kernel of an AVX2-only CPU."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # bf16 matrix products that Bf16Products computes in fp32: nn.Linear, the eager attention's matmuls, and the rest
@@ -191,13 +192,15 @@ _PRODUCTS = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.Tensor.matmul, t
 
 
 class Bf16Products(torch.overrides.TorchFunctionMode):
-    """bf16 matrix products on a CPU without bf16 instructions, computed as bf16 hardware computes them: the bf16
-    operands (under autocast: the operands rounded to bf16, as autocast rounds them) multiplied and summed in fp32, the
-    result rounded to bf16 once. Everything else (weights, activations, norms, attention) stays bf16. Why: on such a
-    CPU (AVX2 only) PyTorch's own bf16 GEMM is a fallback about 40x slower than fp32 (docs/measured.md), so a bf16 run
-    would all but stop; under this mode it runs near fp32's speed with bf16 weights and activations (bench.py part
-    k). Only the summation order differs from a bf16 kernel (oneDNN's own varies it with the batch shape). Gradients
-    flow through it as through autocast."""
+    """bf16 matrix products (F.linear, matmul, mm, bmm and their Tensor methods) on a CPU without bf16 support,
+    computed as bf16 hardware computes them: the bf16 operands (under autocast: the fp32 operands rounded to bf16, as
+    autocast rounds them) multiplied and summed in fp32, the result rounded to bf16 once. Everything else (weights,
+    activations, norms, SDPA attention, whose bf16 kernel is not slow there) stays bf16. Why: on such a CPU (AVX2
+    only) PyTorch's own bf16 GEMM is a fallback about 40x slower than fp32 (docs/measured.md), so a bf16 run would
+    all but stop; under this mode it runs near fp32's speed with bf16 weights and activations (bench.py part k). Only
+    the summation order differs from a bf16 kernel (oneDNN's own varies it with the batch shape). Gradients flow
+    through it as through autocast. A call it would change the meaning of is left to PyTorch: out=, integer or fp64
+    operands, and outside autocast a bf16 operand beside another dtype (an error there, as everywhere else)."""
 
     active = 0  # how many are entered: the training scripts' logs say when their bf16 products were fp32 ones
     paused = False  # True: PyTorch's own bf16 kernels again (bench.py part k times them against this mode)
@@ -212,11 +215,12 @@ class Bf16Products(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _PRODUCTS and not Bf16Products.paused:
+        if func in _PRODUCTS and not Bf16Products.paused and "out" not in kwargs:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             auto = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-            if tensors and all(t.device.type == "cpu" for t in tensors) \
-                    and (auto or any(t.dtype == torch.bfloat16 for t in tensors)):
+            dtypes = {t.dtype for t in tensors}
+            if tensors and all(t.device.type == "cpu" for t in tensors) and \
+                    (dtypes == {torch.bfloat16} or auto and dtypes <= {torch.bfloat16, torch.float32}):
                 def up(a):
                     return a.to(torch.bfloat16).float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                 with torch.autocast("cpu", enabled=False):
@@ -226,11 +230,15 @@ class Bf16Products(torch.overrides.TorchFunctionMode):
 
 
 def bf16_products(device: str, *dtypes: str):
-    """Bf16Products() where a run computes in bf16 (any of dtypes is "bf16") on a CPU without bf16 instructions, else
+    """Bf16Products() where a run computes in bf16 (any of dtypes is "bf16") on a CPU without bf16 support, else
     a context that does nothing. The scripts' main() runs inside it."""
     import contextlib
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if "bf16" in dtypes and torch.device(device).type == "cpu" and not native_bf16():
+    try:
+        cpu = torch.device(device).type == "cpu"
+    except RuntimeError:  # not a device: the script's own check says so, in one line
+        return contextlib.nullcontext()
+    if "bf16" in dtypes and cpu and not native_bf16():
         return Bf16Products()
     return contextlib.nullcontext()
 

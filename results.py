@@ -1303,14 +1303,13 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
         L = ["## 8. A real LLM: SmolLM2-135M-Instruct, tuned ES against GRPO at equal generations", ""]
     else:  # the step that explains it: alpha / sigma and the population, against the later study's choice
         es_was, es_now = llm_chosen(tuning, "es"), llm_chosen(later, "es")
-        L = ["### The earlier study, at a small ES step (kept for the record)", "",
+        step = lambda t: t["params"]["alpha"] / t["params"]["sigma"]  # noqa: E731
+        L = ["### The earlier study (kept for the record)", "",
              "Made before the study above and superseded by it" + (
-                 f": ES's tuned step was alpha / sigma = {es_was['params']['alpha'] / es_was['params']['sigma']:.3g} "
-                 f"with N = {es_was['params']['population']} members x {es_was['params']['prompts']} prompts each "
-                 f"(above: {es_now['params']['alpha'] / es_now['params']['sigma']:.3g} with "
-                 f"{es_now['params']['population']} x {es_now['params']['prompts']}; the recipes use 0.5 at N = 30), "
-                 "so an iteration moved theta toward its best members by a small fraction of what it does above"
-                 if es_was and es_now else "") + ".", ""]
+                 f": ES's tuned step there was alpha / sigma = {step(es_was):.3g} with N = "
+                 f"{es_was['params']['population']} members x {es_was['params']['prompts']} prompts each, against "
+                 f"{step(es_now):.3g} with {es_now['params']['population']} x {es_now['params']['prompts']} above "
+                 f"({step(es_now) / step(es_was):.3g}x the step)" if es_was and es_now else "") + ".", ""]
     if not runs and not tuning:
         return L + ["No runs yet.", ""]
     L += [f"Task `{(runs or tuning)[0]['task']}`; commands and wall times in [docs/llm.md](docs/llm.md). "

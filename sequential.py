@@ -405,7 +405,7 @@ def main(args):
                 json.dump(dataclasses.asdict(dataclasses.replace(args, resume="")), f, indent=1)
             os.replace(os.path.join(args.out, "args.json.tmp"), os.path.join(args.out, "args.json"))
         dtypes = (args.eval_dtype, args.es.get("dtype", "fp32"), args.grpo.get("dtype", "fp32"))
-        with passk.bf16_products(args.device, *dtypes):  # bf16 on a CPU without bf16 instructions: fp32 products
+        with passk.bf16_products(args.device, *dtypes):  # bf16 on a CPU without bf16 support: fp32 products
             if args.sweep:
                 return sweep(args)
             lines = run_schedule(args, stages, args.out)

@@ -1230,7 +1230,7 @@ def test_es_bf16_run_checkpoints_the_fp32_master(tmp_path, monkeypatch):
 
 
 def test_bf16_products_are_fp32_products_of_the_bf16_operands_rounded_once():
-    """passk.Bf16Products (bf16 on a CPU without bf16 instructions): every bf16 matrix product is the fp32 product of
+    """passk.Bf16Products (bf16 on a CPU without bf16 support): every bf16 matrix product is the fp32 product of
     its bf16 operands rounded to bf16 once, under autocast too (operands rounded as autocast rounds them), with
     autocast's gradients; fp32 products are left alone."""
     F = torch.nn.functional
@@ -1245,6 +1245,22 @@ def test_bf16_products_are_fp32_products_of_the_bf16_operands_rounded_once():
             F.linear(x, w, b)]
     assert [o.dtype for o in out] == [torch.bfloat16] * 4 + [torch.float32]
     assert all(torch.equal(o, v) for o, v in zip(out, want))
+
+    class Seen(torch.overrides.TorchFunctionMode):  # below Bf16Products: the operands PyTorch's kernels get
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (F.linear, torch.matmul, torch.bmm):
+                seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
+            return func(*args, **(kwargs or {}))
+    seen, o, i = [], torch.empty(5, 3, 24, dtype=torch.bfloat16), torch.ones(4, 4, dtype=torch.long)
+    with Seen(), passk.Bf16Products():
+        F.linear(xb, wb, bb), torch.bmm(xb, xb.transpose(1, 2))
+        torch.matmul(xb, wb.T, out=o)  # left to PyTorch: out= is written, not replaced
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            F.linear(x, w), torch.matmul(i, i)  # integers stay integers, as autocast leaves them
+        with pytest.raises(RuntimeError):  # a bf16 operand beside an fp32 one is an error, as without the mode
+            F.linear(x, wb)
+    assert seen[:5] == [{torch.float32}] * 2 + [{torch.bfloat16}, {torch.float32}, {torch.long}]
+    assert torch.equal(o, torch.matmul(xb, wb.T))  # PyTorch's own product, written into out
     grads = []
     for mode in (passk.Bf16Products(), contextlib.nullcontext()):
         wp = w.clone().requires_grad_()
@@ -1268,13 +1284,14 @@ def test_bf16_products_are_fp32_products_of_the_bf16_operands_rounded_once():
 
 
 def test_bf16_products_only_for_bf16_on_a_cpu_without_bf16_instructions(tmp_path, monkeypatch):
-    """The scripts run inside passk.bf16_products: the mode where a bf16 run meets a CPU without bf16 instructions,
+    """The scripts run inside passk.bf16_products: the mode where a bf16 run meets a CPU without bf16 support,
     nowhere else; the log says which records it computed (bf16_products), and an ES log replays to its checkpoint
     whatever computed its rewards."""
     monkeypatch.setattr(passk, "native_bf16", lambda: False)
     assert isinstance(passk.bf16_products("cpu", "fp32", "bf16"), passk.Bf16Products)
     assert not isinstance(passk.bf16_products("cpu", "fp32", "fp32"), passk.Bf16Products)
     assert not isinstance(passk.bf16_products("cuda", "bf16"), passk.Bf16Products)
+    assert not isinstance(passk.bf16_products("gpu", "bf16"), passk.Bf16Products)  # the script's check says why
     es.main(small_es(tmp_path, "emulated", dtype="bf16", eval_dtype="bf16", eval_every=1))
     log = [json.loads(x) for x in open(tmp_path / "emulated" / "log.jsonl")][1:]
     assert [r.get("bf16_products") for r in log] == ["fp32"] * 5 and passk.Bf16Products.active == 0
@@ -1282,9 +1299,15 @@ def test_bf16_products_only_for_bf16_on_a_cpu_without_bf16_instructions(tmp_path
     from safetensors.torch import load_file
     a, b = weights(tmp_path / "emulated"), load_file(str(tmp_path / "replayed" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    grpo.main(small_grpo(tmp_path, "grpo", iterations=1, dtype="bf16"))
+    grpo.main(small_grpo(tmp_path, "grpo", iterations=1, dtype="bf16", beta=0.04))
     log = [json.loads(x) for x in open(tmp_path / "grpo" / "log.jsonl")]
     assert [r.get("bf16_products") for r in log if r["type"] == "train"] == ["fp32"]
+    # gradient checkpointing's recompute (in the backward, outside the mode's own call) runs under the mode too: the
+    # same products as the forward's, so the same step
+    grpo.main(small_grpo(tmp_path, "ckpt", iterations=1, dtype="bf16", beta=0.04, grad_checkpointing=True))
+    again = [json.loads(x) for x in open(tmp_path / "ckpt" / "log.jsonl")]
+    assert [r["loss"] for r in again if r["type"] == "train"] == [r["loss"] for r in log if r["type"] == "train"]
+    assert [r["pass@1"] for r in again if r["type"] == "eval"] == [r["pass@1"] for r in log if r["type"] == "eval"]
     monkeypatch.setattr(passk, "native_bf16", lambda: True)
     assert not isinstance(passk.bf16_products("cpu", "bf16"), passk.Bf16Products)
     es.main(small_es(tmp_path, "native", dtype="bf16", iterations=1))
@@ -3086,8 +3109,8 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     for section in ("## 0.", "## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## Every verdict"):
         assert section in doc
     assert "## 8." not in doc and "None" not in doc
-    assert f"Generated by `python results.py --out {out} --quick --llm-runs {llm} --llm-earlier {none} --threads 1` on " \
-        in doc  # as typed
+    flags = f"--out {out} --quick --llm-runs {llm} --llm-earlier {none} --threads 1"
+    assert f"Generated by `python results.py {flags}` on " in doc  # as typed
     for v in summary["verdicts"]:
         assert v["claim"] in doc
     for png in ("passk.png", "curves.png", "entropy.png", "switch.png", "popsize.png", "temperature.png",
@@ -3185,7 +3208,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert (out / "RESULTS.md").read_text() == doc
     # an earlier study (here the same logs) follows as a marked subsection, with its own figures
     results.main(results.Args(quick=True, llm=True, out=str(out), llm_runs=str(llm), llm_earlier=str(llm)))
-    later = (out / "RESULTS.md").read_text().split("### The earlier study")
+    later = (out / "RESULTS.md").read_text().split("### The earlier study (kept for the record)")
     assert len(later) == 2 and later[0] == doc.split("## Every verdict")[0] and "results/llm-earlier-curves.png" in \
         later[1] and (out / "results" / "llm-earlier-grid.png").stat().st_size > 1000
     assert json.load(open(out / "results" / "summary.json"))["llm_earlier"]["runs"] == summary["llm"]
