@@ -16,6 +16,7 @@ terms), and a run is reproducible to the bit on a given machine.
 """
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -232,7 +233,6 @@ class Bf16Products(torch.overrides.TorchFunctionMode):
 def bf16_products(device: str, *dtypes: str):
     """Bf16Products() where a run computes in bf16 (any of dtypes is "bf16") on a CPU without bf16 support, else
     a context that does nothing. The scripts' main() runs inside it."""
-    import contextlib
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cpu = torch.device(device).type == "cpu"
