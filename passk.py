@@ -192,6 +192,9 @@ _PRODUCTS = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.Tensor.matmul, t
              torch.Tensor.mm, torch.Tensor.bmm}
 
 
+_BACKWARD = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+
+
 class Bf16Products(torch.overrides.TorchFunctionMode):
     """bf16 matrix products (F.linear, matmul, mm, bmm and their Tensor methods) on a CPU without bf16 support,
     computed as bf16 hardware computes them: the bf16 operands (under autocast: the fp32 operands rounded to bf16, as
@@ -200,7 +203,7 @@ class Bf16Products(torch.overrides.TorchFunctionMode):
     only) PyTorch's own bf16 GEMM is a fallback about 40x slower than fp32 (docs/measured.md), so a bf16 run would
     all but stop; under this mode it runs near fp32's speed with bf16 weights and activations (bench.py part k). Only
     the summation order differs from a bf16 kernel (oneDNN's own varies it with the batch shape). Gradients flow
-    through it as through autocast. A call it would change the meaning of is left to PyTorch: out=, integer or fp64
+    through it as through autocast; a backward called under autocast runs its products in fp32 as well. A call it would change the meaning of is left to PyTorch: out=, integer or fp64
     operands, and outside autocast a bf16 operand beside another dtype (an error there, as everywhere else)."""
 
     active = 0  # how many are entered: the training scripts' logs say when their bf16 products were fp32 ones
@@ -216,6 +219,11 @@ class Bf16Products(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _BACKWARD and not Bf16Products.paused and torch.is_autocast_enabled("cpu"):
+            # a backward called under autocast (grpo.py's loss) would run its products in bf16, PyTorch's slow kernel
+            # here: they run in fp32, on the fp32 operands the forward's products saved
+            with torch.autocast("cpu", enabled=False):
+                return func(*args, **kwargs)
         if func in _PRODUCTS and not Bf16Products.paused and "out" not in kwargs:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             auto = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16

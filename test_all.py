@@ -1272,6 +1272,17 @@ def test_bf16_products_are_fp32_products_of_the_bf16_operands_rounded_once():
         if isinstance(mode, passk.Bf16Products):
             assert torch.equal(y, want[0])
     assert grads[0].dtype == torch.float32 and (grads[0] - grads[1]).norm() <= 1e-2 * grads[1].norm()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Kernels(TorchDispatchMode):  # the dtypes each matrix-product kernel gets, backward's included
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm"):
+                kernels.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
+            return func(*args, **(kwargs or {}))
+    kernels, wp = [], w.clone().requires_grad_()  # a backward under autocast (grpo.py's) runs its products in fp32
+    with Kernels(), passk.Bf16Products(), torch.autocast("cpu", dtype=torch.bfloat16):
+        F.linear(F.linear(x, wp, b), wp.T).float().square().sum().backward()
+    assert len(kernels) == 5 and all(k == {torch.float32} for k in kernels), kernels  # 2 forward, 3 backward
     native = F.linear(xb, wb, bb)  # PyTorch's own bf16 kernel
     passk.Bf16Products.paused = True  # bench.py part k: PyTorch's own kernels under the mode
     try:
