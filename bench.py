@@ -713,7 +713,9 @@ def part_j(ctx):
     micro-batches of 32, beta 0.04 (every row trained), fp32 weights under the bf16 autocast where --dtype bf16. As
     shipped (eager attention on CPU, the head from the first completion position) against the same pass under SDPA
     with the head at every position (the loss as it was), paired; and each gradient's relative L2 distance from the
-    fp32 one (no autocast): whether the faster pass computes the gradient as well as the old one."""
+    fp32 one (no autocast): whether the faster pass computes the gradient as well as the old one. Then the pass with
+    --shared-prompt (each distinct prompt forwarded once, its keys and values shared by its 8 rows) against the pass
+    as shipped without it, paired, with its gradient's distance from the fp32 one too."""
     from unittest import mock
     args, device = ctx.args, ctx.device
     task = verify.get_task(args.task)
@@ -728,10 +730,10 @@ def part_j(ctx):
     gargs = grpo.Args(beta=0.04, micro_batch=32, max_new_tokens=args.new_tokens)
     grads = {}
 
-    def loss_pass(name, cast=autocast):
+    def loss_pass(name, cast=autocast, g=gargs):
         model.zero_grad(set_to_none=True)
-        batch, old_logp, ref_logp, n_seqs, n_tokens = grpo.train_batch(s, adv, pad, model, ref, gargs, 1, device, cast)
-        grpo.backward_step(model, batch, old_logp, ref_logp, gargs, n_seqs, n_tokens, 1, cast)
+        batch, old_logp, ref_logp, n_seqs, n_tokens = grpo.train_batch(s, adv, pad, model, ref, g, 1, device, cast)
+        grpo.backward_step(model, batch, old_logp, ref_logp, g, n_seqs, n_tokens, 1, cast)
         grads[name] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     def as_it_was():
@@ -744,6 +746,14 @@ def part_j(ctx):
              for k in ("now", "was")}
     record(ctx, "j", f"grpo.py's loss pass ({args.dtype}), {len(s.texts)} rows, {s.tokens} completion tokens, as "
            "shipped vs SDPA with the head at every position", rows=len(s.texts), dtype=args.dtype, **apart, **r)
+    shared = dataclasses.replace(gargs, shared_prompt=True)
+    r = paired(lambda: loss_pass("shared", g=shared), lambda: loss_pass("now"), args.repeats)
+    prompt_tokens = sum(map(len, s.prompt_ids))
+    record(ctx, "j", f"grpo.py's loss pass ({args.dtype}), {len(s.texts)} rows of {prompt_tokens / len(s.texts):.1f} "
+           f"prompt and {s.tokens / len(s.texts):.1f} completion tokens: --shared-prompt vs without",
+           rows=len(s.texts), dtype=args.dtype, shared_prompt=True, prompt_tokens=prompt_tokens,
+           gradient_shared_from_fp32=float((grads["shared"] - grads["fp32"]).norm() / grads["fp32"].norm()),
+           gradient_now_from_fp32=apart["gradient_now_from_fp32"], **r)
 
 
 # ---- h. against vLLM ------------------------------------------------------------------------------------------------
@@ -939,7 +949,10 @@ def print_table(records):
         if "bound_median" in r:
             line += f"; bound {r['bound_median']:.4g} s; ratio {r['ratio']:.2f} ({min(r['ratios']):.2f}.." \
                     f"{max(r['ratios']):.2f})"
-        if "gradient_now_from_fp32" in r:
+        if "gradient_shared_from_fp32" in r:
+            line += f"; gradient's relative L2 distance from fp32's: {r['gradient_shared_from_fp32']:.2e} (without " \
+                    f"{r['gradient_now_from_fp32']:.2e})"
+        elif "gradient_now_from_fp32" in r:
             line += f"; gradient's relative L2 distance from fp32's: {r['gradient_now_from_fp32']:.2e} (as it was " \
                     f"{r['gradient_was_from_fp32']:.2e})"
         if "trl_median" in r:

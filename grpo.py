@@ -24,6 +24,8 @@ How this differs from the papers and from TRL's GRPOTrainer:
 - One generation per step; with --inner-epochs > 1 the same rollouts are reused with the old log-probabilities frozen.
 - The loss's forwards compute the head only from the first completion position, and on CPU use eager attention (its
   backward is faster there than SDPA's): 1.4x less time for the loss pass on SmolLM2 (bench.py part j).
+- --shared-prompt forwards each distinct prompt once and lets its G completions attend to its keys and values (the
+  gradient flows back through them): the same loss and gradient to float rounding for G times fewer prompt positions.
 """
 import copy
 import dataclasses
@@ -90,6 +92,10 @@ class Args:
     """rows per forward/backward (gradient accumulation); in [1, inf)"""
     grad_checkpointing: bool = False
     """trade compute for activation memory"""
+    shared_prompt: bool = False
+    """the loss's forwards run each distinct prompt once and share its keys and values with the rows that continue it
+    (a group's G completions): the same loss and gradient to float rounding, ~G times fewer prompt positions (not with
+    --grad-checkpointing, whose recompute would fill the shared cache twice)"""
     dtype: str = "fp32"
     """autocast dtype of the forwards (weights, optimizer stay fp32; fp16 would need a scaler); one of {fp32, bf16}"""
     batch_size: int = 512
@@ -229,6 +235,46 @@ def token_logprobs(model, ids, attn, temperature, start=0):
     return torch.nn.functional.pad(logp, (start, 0))
 
 
+def shared_token_logprobs(model, ids, attn, comp, temperature):
+    """token_logprobs of pack's rows (ids, attn, comp [B, L-1]) with each distinct prompt forwarded once: its keys and
+    values, computed on its own, are shared by every row that continues it (a GRPO group's G completions), and the
+    gradient flows back through them. Same layout and, up to float rounding, same values and gradient; on a short
+    completion after a long prompt (SmolLM2's chain_sum: 47 prompt tokens, ~10 completion tokens) the forward and
+    backward cover ~G times fewer positions. The prompts' forward goes around DDP's wrapper (one DDP forward per
+    backward); its parameters' gradients are still summed into the one all-reduce."""
+    n_tok, n_comp = attn.sum(1), comp.sum(1).long()
+    n_prompt = (n_tok - n_comp).tolist()
+    rows = [tuple(ids[b, :n].tolist()) for b, n in enumerate(n_prompt)]
+    distinct = list(dict.fromkeys(rows))
+    which = torch.tensor([distinct.index(p) for p in rows], device=ids.device)
+    p_ids, p_valid = passk._left_pad(distinct, 0, ids.device)  # pads are masked: any id will do
+    p_pos = (p_valid.cumsum(-1) - 1).clamp(min=0)
+    out = getattr(model, "module", model)(input_ids=p_ids, attention_mask=p_valid.long(), position_ids=p_pos,
+                                          use_cache=True, logits_to_keep=1)
+    logits = [out.logits[:, -1:].index_select(0, which)]  # predicts each row's first completion token
+    Lc = int(n_comp.max()) if len(n_comp) else 0
+    starts = torch.tensor(n_prompt, device=ids.device)
+    cols = starts[:, None] + torch.arange(max(Lc, 1), device=ids.device)
+    c_valid = torch.arange(max(Lc, 1), device=ids.device) < n_comp[:, None]
+    c_ids = torch.where(c_valid, ids.gather(1, cols.clamp(max=ids.shape[1] - 1)), 0)  # [B, Lc] right-padded
+    if Lc > 1:  # the completions, but their last token (it predicts nothing here), after the shared keys and values
+        cache = out.past_key_values
+        cache.batch_select_indices(which)
+        mask = torch.cat([p_valid.index_select(0, which), c_valid[:, :-1]], 1).long()
+        logits.append(model(input_ids=c_ids[:, :-1], attention_mask=mask, position_ids=cols[:, :-1],
+                            past_key_values=cache, use_cache=True).logits)
+    logits = torch.cat(logits, 1).float() / (temperature if temperature > 0 else 1.0)
+    logp = torch.log_softmax(logits, -1).gather(-1, c_ids[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+    return logp.new_zeros(comp.shape).masked_scatter(comp > 0, logp[c_valid[:, :logits.shape[1]]])
+
+
+def row_logprobs(model, ids, attn, comp, args):
+    """The loss's log-probabilities [B, L-1]: with --shared-prompt one forward per distinct prompt, else per row."""
+    if args.shared_prompt:
+        return shared_token_logprobs(model, ids, attn, comp, args.temperature)
+    return token_logprobs(model, ids, attn, args.temperature, first_completion(comp))
+
+
 def kl_k3(logp, ref_logp):
     """k3 estimator of KL(policy || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, 0 when equal)."""
     d = ref_logp - logp
@@ -289,7 +335,7 @@ def backward_step(model, batch, old_logp, ref_logp, args, n_seqs, n_tokens, worl
         sl = slice(i, i + mb)
         sync = model.no_sync() if world > 1 and i + mb < B else nullcontext()  # all-reduce once, at the end
         with sync, autocast or nullcontext(), loss_attention(model, ids.device):
-            logp = token_logprobs(model, ids[sl], attn[sl], args.temperature, first_completion(comp[sl]))
+            logp = row_logprobs(model, ids[sl], attn[sl], comp[sl], args)
             valid = comp[sl] > 0  # zero the prompt and pad positions *before* any exp: no inf * 0 = NaN there
             logp = torch.where(valid, logp, 0.0)
             old = torch.where(valid, old_logp[sl], 0.0) if old_logp is not None else logp.detach()
@@ -324,8 +370,8 @@ def train_batch(s, adv, pad, model, ref, args, world=1, device="cpu", autocast=N
 
     def frozen(m):  # log-probs of m, no gradient, in micro-batches
         with loss_attention(m, device):
-            return torch.cat([token_logprobs(m, ids[i:i + mb], attn[i:i + mb], args.temperature,
-                                             first_completion(comp[i:i + mb])) for i in range(0, ids.shape[0], mb)])
+            return torch.cat([row_logprobs(m, ids[i:i + mb], attn[i:i + mb], comp[i:i + mb], args)
+                              for i in range(0, ids.shape[0], mb)])
     with torch.no_grad(), autocast or nullcontext():
         old_logp = frozen(model) if args.inner_epochs > 1 else None
         ref_logp = frozen(ref) if ref is not None else None
@@ -409,6 +455,9 @@ def check_args(args, world=1):
                                 f"group is the same, every advantage is 0 and GRPO learns nothing")
     passk.check_fields(args)
     passk.parse_report_to(args.report_to)
+    if args.shared_prompt and args.grad_checkpointing:
+        raise verify.UsageError("--shared-prompt and --grad-checkpointing do not go together: the recompute in the "
+                                "backward would write the shared prompt's keys and values again; choose one")
     per_step = min(args.prompts, args.train_problems)
     if per_step < 1 or per_step % world:
         raise verify.UsageError(f"--prompts (at most --train-problems) must be a positive multiple of the world size "

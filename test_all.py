@@ -1683,6 +1683,37 @@ def test_grpo_token_logprobs_from_the_first_completion_position_in_eager_attenti
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_grpo_shared_prompt_gives_the_per_row_logprobs_and_gradient(toy_model):
+    """--shared-prompt: each distinct prompt forwarded once, its keys and values shared by the rows that continue it:
+    the per-row log-probs to float rounding, exactly 0 off the completion positions, and backward_step's gradient
+    (KL and frozen old log-probs in, micro-batches that split groups and hold a row of one completion token or of
+    none, where only the prompt's own forward predicts or nothing does)."""
+    model, tok = toy_model
+    model = copy.deepcopy(model)
+    prompts = [[5, 18, 7, 18, 9, 19, 4, 4, 20]] * 3 + [[5, 18, 7, 9, 19]] * 3 + [[5, 7, 9, 19]] * 2
+    comps = [[5, 12, 7, 1], [12, 7], [9], [12, 7, 6, 1], [3], [], [9], [4]]
+    ids, attn, comp = grpo.pack(prompts, comps, tok.pad_token_id)
+    comp = comp.float()
+    with torch.no_grad(), grpo.loss_attention(model, "cpu"):
+        per_row = grpo.token_logprobs(model, ids, attn, 0.7, grpo.first_completion(comp))
+        shared = grpo.shared_token_logprobs(model, ids, attn, comp, 0.7)
+    on = comp > 0
+    assert shared.shape == per_row.shape and (shared[~on] == 0).all() and shared[on].abs().sum() > 1
+    assert torch.allclose(shared[on], per_row[on], atol=1e-5)  # per_row holds prompt positions past start too
+    adv = torch.linspace(-1.0, 1.5, len(prompts))
+    ref = per_row + torch.randn(comp.shape) * 0.1  # a reference and a frozen old policy near the model's own
+    old = per_row + torch.randn(comp.shape) * 0.05  # log-probs: KL > 0, ratios away from 1
+    grads = []
+    for shared_prompt, mb in ((False, 8), (True, 3)):
+        model.zero_grad(set_to_none=True)
+        model.train()
+        args = grpo.Args(micro_batch=mb, loss="grpo", beta=0.04, max_new_tokens=4, temperature=0.7,
+                         shared_prompt=shared_prompt)
+        grpo.backward_step(model, (ids, attn, comp, adv), old, ref, args, len(prompts), float(comp.sum()))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert grads[0].abs().max() > 0 and float((grads[0] - grads[1]).norm()) < 1e-5 * float(grads[0].norm())
+
+
 def test_grpo_kl_k3_is_zero_at_the_reference(toy_model):
     model, tok = toy_model
     ids, attn, comp = grpo.pack([[5, 18, 7, 18, 9, 19, 4, 4, 20]], [[5, 12, 7, 1]], tok.pad_token_id)
@@ -1852,20 +1883,31 @@ def test_grpo_steps_called_one_by_one_give_the_logged_run(tmp_path):
 
 
 def test_grpo_torchrun_two_processes(tmp_path):
+    """Two CPU processes under DDP with --shared-prompt (the prompts' forward goes around DDP's wrapper): the run ends
+    with the weights of one process to float rounding (DDP's gradient average rounds by world size), so the
+    prompts' share of the gradient is all-reduced too. (grpo.py without it under DDP: the killed-rank test.)"""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29512",
            os.path.join(HERE, "grpo.py"), "--iterations", "2", "--prompts", "4", "--group", "4",
            "--train-problems", "50", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "0",
-           "--max-new-tokens", "10", "--threads", "1", "--scale-rewards", "batch", "--out", str(tmp_path / "ddp")]
+           "--max-new-tokens", "10", "--threads", "1", "--scale-rewards", "batch", "--micro-batch", "6",
+           "--shared-prompt", "--out", str(tmp_path / "ddp")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
     assert r.returncode == 0, r.stderr[-2000:]
     train = [json.loads(x) for x in open(tmp_path / "ddp" / "log.jsonl") if '"train"' in x]
     assert len(train) == 2 and train[-1]["generations"] == 2 * 4 * 4
+    grpo.train(small_grpo(tmp_path, "one", scale_rewards="batch", shared_prompt=True), evaluate_start=False)
+    a, b = weights(tmp_path / "ddp"), weights(tmp_path / "one")
+    base = passk.load_model(TOY)[0].state_dict()
+    moved = sum(float((a[k] - base[k]).abs().sum()) for k in a)
+    apart = sum(float((a[k] - b[k]).abs().sum()) for k in a)
+    assert moved > 0 and apart < 0.01 * moved, (apart, moved)
 
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(group=1), "--group"), (dict(loss="ppo"), "--loss"), (dict(scale_rewards="max"), "--scale-rewards"),
     (dict(lr=0.0), "--lr"), (dict(task="nope"), "unknown task"), (dict(model="./missing/model"), "does not exist"),
     (dict(dtype="fp16"), "--dtype"), (dict(prompts=0), "--prompts"),
+    (dict(shared_prompt=True, grad_checkpointing=True), "--shared-prompt and --grad-checkpointing"),
 ])
 def test_grpo_bad_arguments_exit_2(tmp_path, capsys, kw, msg):
     with pytest.raises(SystemExit) as e:
@@ -2854,13 +2896,17 @@ def test_bench_part_i_measures_what_the_working_dtype_keeps_of_a_perturbation(tm
 def test_bench_part_j_times_grpo_loss_pass_against_the_loss_as_it_was(tmp_path, capsys):
     """Part j runs grpo.py's loss pass as shipped and as it was (SDPA, the head at every position) on the same rows:
     both timed; in fp32 the old pass's gradient is the new one's to float rounding: the change is a speed-up, not
-    another loss; under the bf16 autocast both are the fp32 gradient to bf16's rounding."""
-    (r,) = bench.main(bench.Args(quick=True, parts="j", out=str(tmp_path / "bench"), threads=1))
+    another loss; under the bf16 autocast both are the fp32 gradient to bf16's rounding. The same for the pass with
+    --shared-prompt against the pass without it."""
+    r, shared = bench.main(bench.Args(quick=True, parts="j", out=str(tmp_path / "bench"), threads=1))
     assert r["rows"] == 16 * 8 and r["median"] > 0 and r["bound_median"] > 0 and r["ratio"] > 0
     assert r["gradient_was_from_fp32"] < 1e-4
-    assert "distance from fp32's" in capsys.readouterr().out
-    (r,) = bench.main(bench.Args(quick=True, parts="j", dtype="bf16", out=str(tmp_path / "bf16"), threads=1))
+    assert shared["shared_prompt"] and shared["rows"] == 16 * 8 and shared["median"] > 0 and shared["ratio"] > 0
+    assert shared["gradient_shared_from_fp32"] < 1e-4 and shared["prompt_tokens"] > shared["rows"]
+    assert capsys.readouterr().out.count("distance from fp32's") == 2
+    r, shared = bench.main(bench.Args(quick=True, parts="j", dtype="bf16", out=str(tmp_path / "bf16"), threads=1))
     assert 0 < r["gradient_now_from_fp32"] < 0.05 and 0 < r["gradient_was_from_fp32"] < 0.05  # bf16 rounds
+    assert 0 < shared["gradient_shared_from_fp32"] < 0.05
 
 
 def test_bench_part_k_times_bf16_products_against_pytorchs_bf16(tmp_path, capsys):
