@@ -94,8 +94,9 @@ class Args:
     """trade compute for activation memory"""
     shared_prompt: bool = False
     """the loss's forwards run each distinct prompt once and share its keys and values with the rows that continue it
-    (a group's G completions): the same loss and gradient to float rounding, ~G times fewer prompt positions (not with
-    --grad-checkpointing, whose recompute would fill the shared cache twice)"""
+    (a group's G completions): the same loss and gradient to float rounding, G times fewer prompt positions; for
+    llama, qwen2, qwen3 models with full attention, not with --grad-checkpointing (its recompute would fill the
+    shared cache twice)"""
     dtype: str = "fp32"
     """autocast dtype of the forwards (weights, optimizer stay fp32; fp16 would need a scaler); one of {fp32, bf16}"""
     batch_size: int = 512
@@ -238,19 +239,20 @@ def token_logprobs(model, ids, attn, temperature, start=0):
 def shared_token_logprobs(model, ids, attn, comp, temperature):
     """token_logprobs of pack's rows (ids, attn, comp [B, L-1]) with each distinct prompt forwarded once: its keys and
     values, computed on its own, are shared by every row that continues it (a GRPO group's G completions), and the
-    gradient flows back through them. Same layout and, up to float rounding, same values and gradient; on a short
-    completion after a long prompt (SmolLM2's chain_sum: 47 prompt tokens, ~10 completion tokens) the forward and
-    backward cover ~G times fewer positions. The prompts' forward goes around DDP's wrapper (one DDP forward per
-    backward); its parameters' gradients are still summed into the one all-reduce."""
-    n_tok, n_comp = attn.sum(1), comp.sum(1).long()
-    n_prompt = (n_tok - n_comp).tolist()
-    rows = [tuple(ids[b, :n].tolist()) for b, n in enumerate(n_prompt)]
+    gradient flows back through them. Same layout and, up to float rounding, same values and gradient, for G times
+    fewer prompt positions (SmolLM2's chain_sum: 47 prompt tokens a row against 24 completion tokens from the base
+    model, 13 once trained; bench.py part j). Under DDP the prompts' forward is the one call through the wrapper (it
+    runs in every micro-batch, even one of single-token completions, and arms the gradient all-reduce); the
+    completions' forward goes around it, its parameters' gradients summed into the same all-reduce."""
+    cpu_ids = ids.cpu()  # the prompts' tokens once, not a device sync per row
+    n_comp = comp.sum(1).long()
+    n_prompt = (attn.sum(1) - n_comp).tolist()
+    rows = [tuple(cpu_ids[b, :n].tolist()) for b, n in enumerate(n_prompt)]
     distinct = list(dict.fromkeys(rows))
     which = torch.tensor([distinct.index(p) for p in rows], device=ids.device)
     p_ids, p_valid = passk._left_pad(distinct, 0, ids.device)  # pads are masked: any id will do
     p_pos = (p_valid.cumsum(-1) - 1).clamp(min=0)
-    out = getattr(model, "module", model)(input_ids=p_ids, attention_mask=p_valid.long(), position_ids=p_pos,
-                                          use_cache=True, logits_to_keep=1)
+    out = model(input_ids=p_ids, attention_mask=p_valid.long(), position_ids=p_pos, use_cache=True, logits_to_keep=1)
     logits = [out.logits[:, -1:].index_select(0, which)]  # predicts each row's first completion token
     Lc = int(n_comp.max()) if len(n_comp) else 0
     starts = torch.tensor(n_prompt, device=ids.device)
@@ -261,11 +263,21 @@ def shared_token_logprobs(model, ids, attn, comp, temperature):
         cache = out.past_key_values
         cache.batch_select_indices(which)
         mask = torch.cat([p_valid.index_select(0, which), c_valid[:, :-1]], 1).long()
-        logits.append(model(input_ids=c_ids[:, :-1], attention_mask=mask, position_ids=cols[:, :-1],
-                            past_key_values=cache, use_cache=True).logits)
+        logits.append(getattr(model, "module", model)(input_ids=c_ids[:, :-1], attention_mask=mask,
+                                                      position_ids=cols[:, :-1], past_key_values=cache,
+                                                      use_cache=True).logits)
     logits = torch.cat(logits, 1).float() / (temperature if temperature > 0 else 1.0)
     logp = torch.log_softmax(logits, -1).gather(-1, c_ids[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
     return logp.new_zeros(comp.shape).masked_scatter(comp > 0, logp[c_valid[:, :logits.shape[1]]])
+
+
+def shares_prompts(model) -> bool:
+    """Whether --shared-prompt's forwards are right for this model: a Llama-style decoder (passk.Decoder's kinds) with
+    full attention in every layer, whose forward places tokens by the position_ids it is given (a model that ignored
+    them, or a sliding window counted from the cache, would shift the shorter prompts' completions silently)."""
+    cfg = getattr(getattr(model, "module", model), "config", None)
+    return getattr(cfg, "model_type", None) in passk.Decoder.KINDS and \
+        all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
 
 
 def row_logprobs(model, ids, attn, comp, args):
@@ -600,6 +612,10 @@ def setup(args, model=None, tokenizer=None, tracker=None):
     if model is None or ckpt:
         model, tokenizer = passk.load_model(ckpt or args.model, "fp32", device)
     model.float().to(device)
+    if args.shared_prompt and not shares_prompts(model):
+        raise verify.UsageError(f"--shared-prompt: {args.model} is a {getattr(model.config, 'model_type', '?')} model; "
+                                f"shared prompts are for {', '.join(passk.Decoder.KINDS)} models with full attention "
+                                f"in every layer: leave the flag off")
     ref = None
     if args.beta > 0:  # the frozen reference is the model we start from (the base, also when resuming)
         ref = passk.load_model(args.model, "fp32", device)[0] if ckpt else copy.deepcopy(model)

@@ -1694,17 +1694,20 @@ def test_grpo_shared_prompt_gives_the_per_row_logprobs_and_gradient(toy_model):
     comps = [[5, 12, 7, 1], [12, 7], [9], [12, 7, 6, 1], [3], [], [9], [4]]
     ids, attn, comp = grpo.pack(prompts, comps, tok.pad_token_id)
     comp = comp.float()
-    with torch.no_grad(), grpo.loss_attention(model, "cpu"):
-        per_row = grpo.token_logprobs(model, ids, attn, 0.7, grpo.first_completion(comp))
-        shared = grpo.shared_token_logprobs(model, ids, attn, comp, 0.7)
+    with torch.no_grad():
+        sdpa = grpo.shared_token_logprobs(model, ids, attn, comp, 0.7)  # the attention the loss keeps on GPU
+        with grpo.loss_attention(model, "cpu"):
+            per_row = grpo.token_logprobs(model, ids, attn, 0.7, grpo.first_completion(comp))
+            shared = grpo.shared_token_logprobs(model, ids, attn, comp, 0.7)
     on = comp > 0
+    assert torch.allclose(sdpa, shared, atol=1e-5)
     assert shared.shape == per_row.shape and (shared[~on] == 0).all() and shared[on].abs().sum() > 1
     assert torch.allclose(shared[on], per_row[on], atol=1e-5)  # per_row holds prompt positions past start too
     adv = torch.linspace(-1.0, 1.5, len(prompts))
     ref = per_row + torch.randn(comp.shape) * 0.1  # a reference and a frozen old policy near the model's own
     old = per_row + torch.randn(comp.shape) * 0.05  # log-probs: KL > 0, ratios away from 1
     grads = []
-    for shared_prompt, mb in ((False, 8), (True, 3)):
+    for shared_prompt, mb in ((False, 8), (True, 5)):  # [A A A B B] [B C C]: a group split, Lc = 1
         model.zero_grad(set_to_none=True)
         model.train()
         args = grpo.Args(micro_batch=mb, loss="grpo", beta=0.04, max_new_tokens=4, temperature=0.7,
@@ -1712,6 +1715,21 @@ def test_grpo_shared_prompt_gives_the_per_row_logprobs_and_gradient(toy_model):
         grpo.backward_step(model, (ids, attn, comp, adv), old, ref, args, len(prompts), float(comp.sum()))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert grads[0].abs().max() > 0 and float((grads[0] - grads[1]).norm()) < 1e-5 * float(grads[0].norm())
+
+
+def test_grpo_shared_prompt_only_for_models_that_place_tokens_by_position_ids(toy_model, tmp_path):
+    """--shared-prompt is for Llama-style decoders with full attention in every layer (the embedded models, Qwen2,
+    Qwen3): a GPT-2 or a model with sliding-window layers is a usage error (main: one line, exit 2) before the log."""
+    import transformers
+    assert grpo.shares_prompts(toy_model[0])
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=32))
+    sliding = types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen3",
+                                                                 layer_types=["full_attention", "sliding_attention"]))
+    assert not grpo.shares_prompts(gpt2) and not grpo.shares_prompts(sliding)
+    args = small_grpo(tmp_path, "gpt2", shared_prompt=True)
+    with pytest.raises(verify.UsageError, match="--shared-prompt: .* gpt2 model"):
+        grpo.train(args, model=gpt2, tokenizer=toy_model[1])
+    assert not os.path.exists(os.path.join(args.out, "log.jsonl"))
 
 
 def test_grpo_kl_k3_is_zero_at_the_reference(toy_model):
@@ -1882,20 +1900,23 @@ def test_grpo_steps_called_one_by_one_give_the_logged_run(tmp_path):
     assert [x["type"] for x in steps_log] == ["config", "eval"] and steps_log[1] == logged[-1]
 
 
-def test_grpo_torchrun_two_processes(tmp_path):
-    """Two CPU processes under DDP with --shared-prompt (the prompts' forward goes around DDP's wrapper): the run ends
-    with the weights of one process to float rounding (DDP's gradient average rounds by world size), so the
-    prompts' share of the gradient is all-reduced too. (grpo.py without it under DDP: the killed-rank test.)"""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29512",
+@pytest.mark.parametrize("new_tokens,port", [(10, "29512"), (1, "29515")])
+def test_grpo_torchrun_two_processes(new_tokens, port, tmp_path):
+    """Two CPU processes under DDP with --shared-prompt (the prompts' forward is the call through DDP's wrapper, the
+    completions' goes around it): the run ends with the weights of one process to float rounding (DDP's gradient
+    average rounds by world size), so every part of the gradient is all-reduced, also when every completion is one
+    token long and only the prompts' forward runs. (grpo.py without the flag under DDP: the killed-rank test.)"""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            os.path.join(HERE, "grpo.py"), "--iterations", "2", "--prompts", "4", "--group", "4",
            "--train-problems", "50", "--eval-problems", "4", "--eval-n", "2", "--eval-every", "0",
-           "--max-new-tokens", "10", "--threads", "1", "--scale-rewards", "batch", "--micro-batch", "6",
+           "--max-new-tokens", str(new_tokens), "--threads", "1", "--scale-rewards", "batch", "--micro-batch", "6",
            "--shared-prompt", "--out", str(tmp_path / "ddp")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=HERE)
     assert r.returncode == 0, r.stderr[-2000:]
     train = [json.loads(x) for x in open(tmp_path / "ddp" / "log.jsonl") if '"train"' in x]
     assert len(train) == 2 and train[-1]["generations"] == 2 * 4 * 4
-    grpo.train(small_grpo(tmp_path, "one", scale_rewards="batch", shared_prompt=True), evaluate_start=False)
+    grpo.train(small_grpo(tmp_path, "one", scale_rewards="batch", shared_prompt=True, max_new_tokens=new_tokens),
+               evaluate_start=False)
     a, b = weights(tmp_path / "ddp"), weights(tmp_path / "one")
     base = passk.load_model(TOY)[0].state_dict()
     moved = sum(float((a[k] - base[k]).abs().sum()) for k in a)
