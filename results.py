@@ -1368,7 +1368,8 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
     if cost:
         L.append(f"- Cost at matched quality (greedy pass@1 {cost['target']:.3f}, the highest both reach): ES "
                  f"{cost['es']['generations']:,.0f} generations and {cost['es']['minutes']:.0f} minutes, GRPO "
-                 f"{cost['grpo']['generations']:,.0f} and {cost['grpo']['minutes']:.0f}.")
+                 f"{cost['grpo']['generations']:,.0f} and {cost['grpo']['minutes']:.0f} (minutes: each run's own "
+                 "wall clock on the machines it ran on, which docs/llm.md names; generations do not depend on them).")
     return L + [""]
 
 
