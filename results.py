@@ -1356,7 +1356,9 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
             for m in ("es", "grpo") if any(r["method"] == m for r in runs)}
     if len(mean) == 2:
         gens = {m: sorted({round(r["generations"]) for r in runs if r["method"] == m}) for m in mean}
-        L.append(f"- At equal generations ({gens['es']} ES, {gens['grpo']} GRPO), mean over seeds: pass@1 ES "
+        same = "At equal generations" if gens["es"] == gens["grpo"] else "At the end of each run"
+        L.append(f"- {same} ({', '.join(f'{g:,}' for g in gens['es'])} generations ES, "
+                 f"{', '.join(f'{g:,}' for g in gens['grpo'])} GRPO), mean over seeds: pass@1 ES "
                  f"{mean['es']['pass@1']:.3f} vs GRPO {mean['grpo']['pass@1']:.3f}; pass@16 ES "
                  f"{mean['es']['pass@16']:.3f} vs GRPO {mean['grpo']['pass@16']:.3f}.")
     for v in verdicts:

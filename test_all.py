@@ -3279,7 +3279,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert [p[3] for p in runs[("grpo", 0)]["greedy_curve"]] == [0, 2]  # updates; and its plot
     assert (out / "results" / "llm-greedy.png").stat().st_size > 1000 and "results/llm-greedy.png" in section
     assert (out / "results" / "llm-grid.png").stat().st_size > 1000 and "results/llm-grid.png" in section
-    assert "ES held-out pass@1: seed 1" in section and "At equal generations" in section
+    assert "ES held-out pass@1: seed 1" in section and "At equal generations (" in section
     # --llm: section 8 again from the logs alone (no other run), the same report
     (out / "RESULTS.md").unlink()
     results.main(results.Args(quick=True, llm=True, out=str(out), llm_runs=str(llm), llm_earlier=str(none)))
