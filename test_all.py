@@ -3279,7 +3279,11 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     assert [p[3] for p in runs[("grpo", 0)]["greedy_curve"]] == [0, 2]  # updates; and its plot
     assert (out / "results" / "llm-greedy.png").stat().st_size > 1000 and "results/llm-greedy.png" in section
     assert (out / "results" / "llm-grid.png").stat().st_size > 1000 and "results/llm-grid.png" in section
-    assert "ES held-out pass@1: seed 1" in section and "At equal generations (" in section
+    assert "ES held-out pass@1: seed 1" in section  # ES's 256 generations against GRPO's 32: not equal, so said
+    assert "- At the end of each run (256 generations ES, 32 GRPO), mean over seeds" in section
+    equal = [dict(r, generations=256) for r in summary["llm"]]
+    text = "\n".join(results.render_llm(equal, summary["llm_tuning"], "results"))
+    assert "- At equal generations (256 generations ES, 256 GRPO), mean over seeds" in text
     # --llm: section 8 again from the logs alone (no other run), the same report
     (out / "RESULTS.md").unlink()
     results.main(results.Args(quick=True, llm=True, out=str(out), llm_runs=str(llm), llm_earlier=str(none)))
