@@ -869,8 +869,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
 
 def main(args):
     try:
-        # a resumed run's dtypes are in its log: bf16 is assumed (the mode only ever touches bf16 products)
-        with passk.bf16_products(args.device, *(("bf16",) if args.resume else (args.dtype, args.eval_dtype))):
+        with passk.run_products(args):
             return replay(args) if args.replay else train(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -225,13 +225,18 @@ def loss_attention(model, device):
             cfg._attn_implementation = saved
 
 
+def at_temperature(logits, temperature):
+    """Logits as sampled at `temperature` (greedy, 0, scores the plain distribution)."""
+    return logits / (temperature if temperature > 0 else 1.0)
+
+
 def token_logprobs(model, ids, attn, temperature, start=0):
     """log p(token_{j+1} | prefix) [B, L-1] at the sampling temperature, 0 at positions j < start: the head and the
     log-softmax over the vocabulary run only from `start`, the first position that predicts a completion token
     (on SmolLM2 they were a quarter of the step when every prompt position paid for them)."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False,
                    logits_to_keep=ids.shape[1] - start).logits[:, :-1].float()
-    logits = logits / (temperature if temperature > 0 else 1.0)
+    logits = at_temperature(logits, temperature)
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, start + 1:].unsqueeze(-1)).squeeze(-1)
     return torch.nn.functional.pad(logp, (start, 0))
 
@@ -248,9 +253,9 @@ def shared_token_logprobs(model, ids, attn, comp, temperature):
     n_comp = comp.sum(1).long()
     n_prompt = (attn.sum(1) - n_comp).tolist()
     rows = [tuple(cpu_ids[b, :n].tolist()) for b, n in enumerate(n_prompt)]
-    distinct = list(dict.fromkeys(rows))
-    which = torch.tensor([distinct.index(p) for p in rows], device=ids.device)
-    p_ids, p_valid = passk._left_pad(distinct, 0, ids.device)  # pads are masked: any id will do
+    index = {p: i for i, p in enumerate(dict.fromkeys(rows))}  # each distinct prompt's row in the prompts' batch
+    which = torch.tensor([index[p] for p in rows], device=ids.device)
+    p_ids, p_valid = passk.left_pad(list(index), 0, ids.device)  # pads are masked: any id will do
     p_pos = (p_valid.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=p_ids, attention_mask=p_valid.long(), position_ids=p_pos, use_cache=True, logits_to_keep=1)
     logits = [out.logits[:, -1:].index_select(0, which)]  # predicts each row's first completion token
@@ -266,7 +271,7 @@ def shared_token_logprobs(model, ids, attn, comp, temperature):
         logits.append(getattr(model, "module", model)(input_ids=c_ids[:, :-1], attention_mask=mask,
                                                       position_ids=cols[:, :-1], past_key_values=cache,
                                                       use_cache=True).logits)
-    logits = torch.cat(logits, 1).float() / (temperature if temperature > 0 else 1.0)
+    logits = at_temperature(torch.cat(logits, 1).float(), temperature)
     logp = torch.log_softmax(logits, -1).gather(-1, c_ids[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
     return logp.new_zeros(comp.shape).masked_scatter(comp > 0, logp[c_valid[:, :logits.shape[1]]])
 
@@ -275,9 +280,7 @@ def shares_prompts(model) -> bool:
     """Whether --shared-prompt's forwards are right for this model: a Llama-style decoder (passk.Decoder's kinds) with
     full attention in every layer, whose forward places tokens by the position_ids it is given (a model that ignored
     them, or a sliding window counted from the cache, would shift the shorter prompts' completions silently)."""
-    cfg = getattr(getattr(model, "module", model), "config", None)
-    return getattr(cfg, "model_type", None) in passk.Decoder.KINDS and \
-        all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
+    return passk.Decoder.full_attention(model)
 
 
 def row_logprobs(model, ids, attn, comp, args):
@@ -704,8 +707,7 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
 
 def main(args):
     try:
-        # a resumed run's dtypes are in its checkpoint: bf16 is assumed (the mode only ever touches bf16 products)
-        with passk.bf16_products(args.device, *(("bf16",) if args.resume else (args.dtype, args.eval_dtype))):
+        with passk.run_products(args):
             return train(args)
     except verify.UsageError as e:
         print(f"error: {e}", file=sys.stderr)

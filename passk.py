@@ -251,6 +251,12 @@ def bf16_products(device: str, *dtypes: str):
     return contextlib.nullcontext()
 
 
+def run_products(args):
+    """bf16_products for an es.py or grpo.py run: its --dtype and --eval-dtype, or bf16 when it resumes (a resumed
+    run's dtypes are in its log or checkpoint; the mode only ever touches bf16 products, so assuming bf16 is safe)."""
+    return bf16_products(args.device, *(("bf16",) if args.resume else (args.dtype, args.eval_dtype)))
+
+
 def products_note(*dtypes: str) -> dict:
     """{"bf16_products": "fp32"} for a log record whose bf16 (any of dtypes) ran under Bf16Products, else {}."""
     return {"bf16_products": "fp32"} if "bf16" in dtypes and Bf16Products.active else {}
@@ -329,7 +335,7 @@ def encode(tokenizer, prompt):
     return tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"]
 
 
-def _left_pad(seqs, pad, device):
+def left_pad(seqs, pad, device):
     """Token lists -> (ids [B, L], valid [B, L] bool), right-aligned: every sequence ends at column L-1."""
     L = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), L), pad, dtype=torch.long)
@@ -363,12 +369,19 @@ class Decoder:
     def of(cls, model):
         """A Decoder for the model, or None (the sampler then steps transformers' forward with its own cache)."""
         cfg, inner = getattr(model, "config", None), getattr(model, "model", None)
-        if (getattr(cfg, "model_type", None) not in cls.KINDS or inner is None or not hasattr(model, "lm_head")
+        if (not cls.full_attention(model) or inner is None or not hasattr(model, "lm_head")
                 or getattr(cfg, "_attn_implementation", None) != "sdpa"  # the attention Decoder calls
-                or any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
                 or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))):
             return None
         return cls(model)
+
+    @classmethod
+    def full_attention(cls, model) -> bool:
+        """Whether model (or the one a DDP wrapper holds) is one of KINDS with full attention in every layer: its
+        forward places each token by the position_ids it is given, and no sliding window counts from a cache."""
+        cfg = getattr(getattr(model, "module", model), "config", None)
+        return getattr(cfg, "model_type", None) in cls.KINDS and \
+            all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
 
     def __init__(self, model):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -422,7 +435,7 @@ class Decoder:
         for p in prompts[1:]:
             c = next((i for i in range(c) if p[i] != prompts[0][i]), c)
         c = c if len(labels) < U else 0  # one group per prompt: nothing shared
-        tails, valid_tail = _left_pad([p[c:] for p in prompts], pad, device)
+        tails, valid_tail = left_pad([p[c:] for p in prompts], pad, device)
         length = c + tails.shape[1] + new_tokens
         K, V = self._buffers(U, length, like)
         if c:
@@ -502,7 +515,7 @@ class _Forward:
         self.model = model
 
     def prefill(self, prompts, groups, rows, new_tokens, pad, enter):
-        ids, valid = _left_pad([prompts[u] for u in rows.tolist()], pad, rows.device)
+        ids, valid = left_pad([prompts[u] for u in rows.tolist()], pad, rows.device)
         self.mask = valid.long()
         self.pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
         enter(rows)
