@@ -137,8 +137,8 @@ class Args:
     """folder of the earlier SmolLM2 study (the same layout), reported after --llm-runs' and marked as earlier ('':
     none)"""
     llm: bool = False
-    """only refresh summary.json's llm, llm_tuning, llm_verdicts and llm_earlier from --llm-runs and --llm-earlier,
-    then write RESULTS.md and the plots"""
+    """only refresh summary.json's llm, llm_tuning, llm_verdicts, llm_stall, llm_followups and llm_earlier from
+    --llm-runs and --llm-earlier, then write RESULTS.md and the plots"""
     workers: int = 2
     """processes sharing the runs through lock files (this one and workers - 1 helpers it starts; a helper, 0, makes
     runs and writes no report); in [0, inf)"""
@@ -877,11 +877,88 @@ def question_llm(folder):
 
 
 def llm_studies(args):
-    """summary.json's llm, llm_tuning and llm_verdicts (--llm-runs) and llm_earlier (--llm-earlier: the same three)."""
+    """summary.json's llm, llm_tuning and llm_verdicts (--llm-runs), llm_stall and llm_followups (the same logs and
+    FOLDER/followup/) and llm_earlier (--llm-earlier: the first three)."""
     runs, tuning, verdicts = question_llm(args.llm_runs)
     earlier = question_llm(args.llm_earlier) if args.llm_earlier else ([], [], [])
-    return {"llm": runs, "llm_tuning": tuning, "llm_verdicts": verdicts,
+    return {"llm": runs, "llm_tuning": tuning, "llm_verdicts": verdicts, "llm_stall": llm_stall(args.llm_runs),
+            "llm_followups": llm_followups(args.llm_runs),
             "llm_earlier": dict(zip(("runs", "tuning", "verdicts"), earlier))}
+
+
+STALL_RELIABILITY = 0.3  # below it the members' ranking is mostly noise (set after the ES runs, before a follow-up)
+
+
+def llm_stall(folder):
+    """Issue 38's "if ES stops moving, the diagnostics name why", over the second half of the finished ES runs
+    (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its end, did
+    held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? If not, issue 38's rule names the
+    cause from the same iterations' diagnostics (its threshold and the span set here after the ES runs, before any
+    follow-up): mean fitness reliability below STALL_RELIABILITY, the
+    signal; a probe gain (the master's reward on an iteration's own prompts, after its update minus before) above 0
+    at 95% (t interval over the iterations of every seed), the training pool (the step still pays where it was
+    estimated, and that does not carry to new problems); else the step (it no longer raises even the reward it was
+    estimated on). None without two greedy evaluations and probes."""
+    diffs, rel, gain, spans = [], [], [], []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        method, _, seed = name.rpartition("-seed")
+        got = llm_log(os.path.join(folder, name)) if method == "es" and seed.isdecimal() else None
+        greedy = [e for e in got[1] if "greedy_correct" in e] if got else []
+        mid = [e for e in greedy if e["iteration"] <= len(got[2]) / 2] if got else []
+        if not mid or greedy[-1] is mid[-1]:
+            continue
+        a, b = mid[-1], greedy[-1]
+        diffs.append(np.asarray(b["greedy_correct"], float) - np.asarray(a["greedy_correct"], float))
+        late = [r for r in got[2] if r["iteration"] > a["iteration"]]
+        rel += [r["fitness_reliability"] for r in late if r.get("fitness_reliability") is not None]
+        gain += [r["probe_after"] - r["probe_before"] for r in late if "probe_after" in r]
+        spans.append([int(seed), a["iteration"], b["iteration"], a["greedy_pass@1"], b["greedy_pass@1"]])
+    if not diffs or len(gain) < 2 or not rel or len({len(d) for d in diffs}) != 1:
+        return None
+    v = verdict("ES's held-out greedy pass@1 still rises over the second half of its run", np.stack(diffs))
+    g = np.asarray(gain)
+    g_half = 1.96 * float(g.std(ddof=1)) / math.sqrt(len(g))
+    cause = None if v["verdict"] == "holds" else "the signal" if np.mean(rel) < STALL_RELIABILITY else \
+        "the training pool" if g.mean() - g_half > 0 else "the step"
+    return {**v, "problems": len(diffs[0]), "spans": spans, "reliability": float(np.mean(rel)),
+            "probe_gain": float(g.mean()), "probe_half_width": g_half, "iterations": len(g), "cause": cause}
+
+
+def llm_followups(folder):
+    """The runs made to address what llm_stall names: FOLDER/followup/NAME/ holds an es.py log.jsonl and origin.json
+    ({"run": a held-out run's folder name, "iteration": the parent iteration whose weights it started from (replayed
+    from the parent's log), "change": what it changes, in words}). Each, finished, against its parent at the same
+    iterations (the follow-up's t counted as the parent's iteration + t): its greedy curve beside the parent's, and
+    greedy pass@1 paired over problems at its end against the parent at that iteration (where the parent has it) and
+    against its own start (whose evaluation also checks the replay: the parent's weights, evaluated again)."""
+    out, base = [], os.path.join(folder, "followup")
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        got, origin = llm_log(os.path.join(base, name)), os.path.join(base, name, "origin.json")
+        parent = llm_log(os.path.join(folder, json.load(open(origin))["run"])) if got and os.path.isfile(origin) \
+            else None
+        if not parent:
+            continue
+        o, (cfg, ev, train) = json.load(open(origin)), got
+        at = {e["iteration"]: e for e in parent[1] if "greedy_correct" in e}
+        ev = [{**e, "iteration": o["iteration"] + e["iteration"]} for e in ev if "greedy_correct" in e]
+        if len(ev) < 2 or o["iteration"] not in at:
+            continue
+        end = ev[-1]
+        pair = lambda a, b: np.asarray(a["greedy_correct"], float) - np.asarray(b["greedy_correct"], float)[None]  # noqa: E731
+        vs = [verdict(f"the follow-up beats {o['run']} at iteration {end['iteration']}", pair(end, at[end['iteration']]))
+              ] if end["iteration"] in at else []
+        vs.append(verdict(f"the follow-up raises greedy pass@1 over its start (iteration {o['iteration']})",
+                          pair(end, ev[0])))
+        out.append({"name": name, **o, "task": cfg["task"], "params": llm_params(cfg),
+                    "train_problems": cfg["train_problems"], "seed": cfg["seed"], "iterations": len(train),
+                    "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
+                    **llm_diagnostics(train), "problems": len(end["greedy_correct"]),
+                    "start": {"greedy": ev[0]["greedy_pass@1"], "parent": at[o["iteration"]]["greedy_pass@1"],
+                              "same": int(np.sum(pair(ev[0], at[o["iteration"]]) == 0))},
+                    "curve": [[e["iteration"], e["greedy_pass@1"], at[e["iteration"]]["greedy_pass@1"]
+                               if e["iteration"] in at else None] for e in ev],
+                    "verdicts": vs})
+    return out
 
 
 def llm_diagnostics(train):
@@ -1044,10 +1121,11 @@ def vline(v):
     return f"- **{v['claim']}: {v['verdict']}**{d} ({n})."
 
 
-def plot_llm(runs, tuning, plt, save, prefix="llm"):
+def plot_llm(runs, tuning, plt, save, prefix="llm", followups=()):
     """Section 8's figures of one study (summary.json's llm and llm_tuning, or llm_earlier's): PREFIX-curves.png
-    (held-out pass@1 and pass@16 over generations), PREFIX-greedy.png (greedy pass@1 over updates and generations),
-    PREFIX-grid.png (issue 38's grids)."""
+    (held-out pass@1 and pass@16 over generations), PREFIX-greedy.png (greedy pass@1 over updates, with the
+    follow-ups of llm_followups at their parents' iterations, and over generations), PREFIX-grid.png (issue 38's
+    grids)."""
     if runs:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
         for r in runs:
@@ -1070,6 +1148,9 @@ def plot_llm(runs, tuning, plt, save, prefix="llm"):
                     ax.plot([p[j] for p in c], [p[2] for p in c], marker="o",
                             color=f"C{LLM_METHODS.index(r['method'])}", linestyle="-" if r["seed"] == 0 else "--",
                             label=f"{LABEL[r['method']]} seed {r['seed']}")
+            for i, f in enumerate(followups):
+                axes[0].plot([p[0] for p in f["curve"]], [p[1] for p in f["curve"]], marker="s", linestyle=":",
+                             color=f"C{len(LLM_METHODS) + i}", label=f"follow-up {f['name']} (from {f['run']})")
             for ax, x in zip(axes, ("updates (ES iterations, GRPO steps)", "sampled generations")):
                 ax.set_xlabel(x)
                 ax.set_ylabel("held-out greedy pass@1")
@@ -1203,7 +1284,7 @@ def plots(s, figdir):
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=6, ncol=2)
     save(fig, "temperature.png")
-    plot_llm(s.get("llm", []), s.get("llm_tuning", []), plt, save)
+    plot_llm(s.get("llm", []), s.get("llm_tuning", []), plt, save, followups=s.get("llm_followups", []))
     earlier = s.get("llm_earlier") or {}
     plot_llm(earlier.get("runs", []), earlier.get("tuning", []), plt, save, "llm-earlier")
     for key, m in s["sparsity"]["models"].items():
@@ -1294,7 +1375,7 @@ def llm_cost(runs):
     return {"target": target, **{m: {"generations": float(p[0]), "minutes": float(p[1])} for m, p in first.items()}}
 
 
-def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
+def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None, stall=None, followups=()):
     """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts; with later (the llm_tuning of the
     study that replaced it), llm_earlier's runs as a marked subsection, its figures named PREFIX-*.png."""
     fig = lambda f: (lambda g: f"![{g}]({figures}/{g})")(f.replace("llm-", prefix + "-", 1))  # noqa: E731
@@ -1372,7 +1453,34 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None):
                  f"{cost['es']['generations']:,.0f} generations and {cost['es']['minutes']:.0f} minutes, GRPO "
                  f"{cost['grpo']['generations']:,.0f} and {cost['grpo']['minutes']:.0f} (minutes: each run's own "
                  "wall clock on the machines it ran on, which docs/llm.md names; generations do not depend on them).")
-    return L + [""]
+    return L + render_stall(stall, followups) + [""]
+
+
+def render_stall(stall, followups):
+    """Section 8's lines on whether ES stops moving and why (llm_stall), and the runs made about it (llm_followups)."""
+    if not stall:
+        return []
+    spans = "; ".join(f"seed {s} iteration {a} -> {b}: {ga:.3f} -> {gb:.3f}" for s, a, b, ga, gb in stall["spans"])
+    L = [f"- Does ES stop moving? Held-out greedy pass@1 over the second half of each ES run ({spans}): "
+         f"{fmt(stall['difference'], stall['half_width'])}, **{stall['verdict']}** ({stall['problems']} problems x "
+         f"{stall['seeds']} seed{'s' if stall['seeds'] > 1 else ''}, paired). The diagnostics over the same "
+         f"{stall['iterations']} iterations: fitness reliability {stall['reliability']:.2f}, probe gain "
+         f"{fmt(stall['probe_gain'], stall['probe_half_width'], 4)} an iteration" + (
+             f". Issue 38's rule (reliability below {STALL_RELIABILITY}: the signal; a probe gain above 0 with "
+             f"held-out flat: the training pool; else the step; the threshold and the span set after the ES runs) "
+             f"names **{stall['cause']}**."
+             if stall["cause"] else ": it has not stopped.")]
+    for f in followups:
+        curve = ", ".join(f"{it}: {g:.3f}" + (f" (parent {p:.3f})" if p is not None else "") for it, g, p in f["curve"])
+        L.append(f"- Follow-up `{f['name']}`: {f['change']}, from `{f['run']}` at iteration {f['iteration']} (its "
+                 f"weights replayed from the log), seed {f['seed']}, {f['train_problems']:,} training problems, "
+                 f"{f['iterations']} iterations ({f['generations']:,} generations, {f['wall_minutes']:.0f} minutes); "
+                 f"fitness reliability {f.get('reliability', float('nan')):.2f}, probe gain "
+                 f"{f.get('probe_gain', float('nan')):+.3f}. Greedy pass@1 by the parent's iteration: {curve} (at the "
+                 f"start the same outcome as the parent's evaluation on {f['start']['same']} of {f['problems']} "
+                 "problems). " + "; ".join(f"{v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** "
+                                           f"({fmt(v['difference'], v['half_width'])})" for v in f["verdicts"]) + ".")
+    return L
 
 
 def render(s, doc, figures):
@@ -1540,7 +1648,8 @@ def render(s, doc, figures):
               "(one seed: a direction, not a verdict).", ""]
     earlier = s.get("llm_earlier") or {}
     if s.get("llm") or s.get("llm_tuning") or earlier.get("runs") or earlier.get("tuning"):
-        L += render_llm(s.get("llm", []), s.get("llm_tuning", []), figures, s.get("llm_verdicts", []))
+        L += render_llm(s.get("llm", []), s.get("llm_tuning", []), figures, s.get("llm_verdicts", []),
+                        stall=s.get("llm_stall"), followups=s.get("llm_followups", []))
     if earlier.get("runs") or earlier.get("tuning"):
         L += render_llm(earlier["runs"], earlier["tuning"], figures, earlier["verdicts"], "llm-earlier",
                         s.get("llm_tuning", []))

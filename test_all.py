@@ -3035,6 +3035,69 @@ def test_results_llm_extensions_grow_a_grid_past_the_edge_its_choice_is_on():
                " 0.0001, beta 0.04; GRPO lr 3e-05, beta 0.1." in x for x in lines), lines
 
 
+def write_es_log(folder, seed, greedy, rel, gains, iterations=4, every=2):
+    """A finished es.py log of issue 38's shape: greedy[i] the per-problem greedy outcomes of the i-th evaluation
+    (at iterations 0, every, 2 every, ...), each iteration's fitness reliability and probe gain."""
+    os.makedirs(folder, exist_ok=True)
+    recs = [{"type": "config", "algo": "es", "task": "toy", "iterations": iterations, "eval_split": "test",
+             "eval_problems": 4, "eval_n": 4, "sigma": 0.01, "alpha": 0.01, "population": 4, "prompts": 8,
+             "noise": "lowrank", "rank": 1, "train_problems": 50, "seed": seed}]
+    ev = lambda t, g: {"type": "eval", "iteration": t, "pass@1": 0.5, "pass@4": 0.9, "n": 4,  # noqa: E731
+                       "correct": [2, 2, 2, 2], "greedy_correct": g, "greedy_pass@1": float(np.mean(g))}
+    recs.append(ev(0, greedy[0]))
+    for t in range(1, iterations + 1):
+        recs.append({"type": "train", "iteration": t, "generations": 64 * t, "wall": 60.0 * t, "reward": 0.5,
+                     "fitness_reliability": rel[t - 1], "probe_before": 0.5, "probe_after": 0.5 + gains[t - 1]})
+        if t % every == 0 and t // every < len(greedy):  # fewer outcomes: a run without its last evaluations
+            recs.append(ev(t, greedy[t // every]))
+    with open(os.path.join(folder, "log.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_results_llm_stall_names_the_cause_by_the_rule_and_reports_the_follow_up(tmp_path):
+    P = 40
+    flat = lambda k: [1] * k + [0] * (P - k)  # noqa: E731
+    wobble = [1, 0] * (P // 2)  # as many problems gained as lost against flat(P // 2)
+    cases = [  # (second half's greedy: mid, end), reliability, gains -> verdict, cause
+        ((flat(4), flat(36)), [0.8] * 4, [0.05] * 4, "holds", None),
+        ((flat(20), wobble), [0.1] * 4, [0.05, 0.06, 0.05, 0.06], "within noise", "the signal"),
+        ((flat(20), wobble), [0.7] * 4, [0.05, 0.06, 0.05, 0.06], "within noise", "the training pool"),
+        ((flat(20), wobble), [0.7] * 4, [0.05, -0.05, 0.04, -0.03], "within noise", "the step"),
+    ]
+    for i, ((mid, end), rel, gains, word, cause) in enumerate(cases):
+        folder = tmp_path / f"case{i}"
+        for seed in (0, 1):  # iterations 0, 2, 4: the second half runs from the evaluation at 2
+            write_es_log(folder / f"es-seed{seed}", seed, [flat(2), mid, end], rel, gains)
+        write_es_log(folder / "grpo-seed0", 0, [flat(2), mid, end], rel, gains)  # not ES: left out
+        s = results.llm_stall(str(folder))
+        assert (s["verdict"], s["cause"], s["seeds"], s["problems"], s["iterations"]) == (word, cause, 2, P, 4), i
+        assert [x[1:3] for x in s["spans"]] == [[2, 4], [2, 4]]
+        assert s["probe_gain"] == pytest.approx(np.mean(gains[2:]))  # iterations 3 and 4 only
+        text = "\n".join(results.render_stall(s, []))
+        assert (f"names **{cause}**" in text) if cause else "it has not stopped" in text
+    assert results.llm_stall(str(tmp_path / "none")) is None
+    # a follow-up from seed 0's iteration 2, two iterations: its iteration 2 is the parent's 4
+    folder = tmp_path / "case3"
+    write_es_log(folder / "followup" / "pool", 7, [flat(20), flat(30)], [0.6, 0.7], [0.01, 0.02], iterations=2)
+    (folder / "followup" / "pool" / "origin.json").write_text(json.dumps(
+        {"run": "es-seed0", "iteration": 2, "change": "a fresh pool"}))
+    write_es_log(folder / "followup" / "no-origin", 7, [flat(20), flat(30)], [0.6, 0.7], [0.01, 0.02], iterations=2)
+    write_es_log(folder / "followup" / "unfinished", 7, [flat(20)], [0.6, 0.7], [0.01, 0.02], iterations=2)
+    (folder / "followup" / "unfinished" / "origin.json").write_text(json.dumps(
+        {"run": "es-seed0", "iteration": 2, "change": "x"}))
+    [f] = results.llm_followups(str(folder))
+    assert (f["name"], f["run"], f["iteration"], f["seed"], f["iterations"], f["generations"]) == \
+        ("pool", "es-seed0", 2, 7, 2, 128)
+    assert f["curve"] == [[2, 0.5, 0.5], [4, 0.75, 0.5]]  # the parent's own evaluations at those iterations
+    assert f["start"] == {"greedy": 0.5, "parent": 0.5, "same": P}
+    beat, own = f["verdicts"]
+    assert beat["claim"] == "the follow-up beats es-seed0 at iteration 4" and own["claim"].endswith("(iteration 2)")
+    assert beat["difference"] == pytest.approx(0.25) and own["difference"] == pytest.approx(0.25)
+    assert beat["verdict"] == own["verdict"] == "holds"
+    text = "\n".join(results.render_stall(results.llm_stall(str(folder)), [f]))
+    assert "Follow-up `pool`: a fresh pool, from `es-seed0` at iteration 2" in text and "4: 0.750 (parent 0.500)" in text
+
+
 def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_quality():
     rec = lambda correct, greedy: {"n": 4, "correct": correct, "greedy_correct": greedy,  # noqa: E731
                                    "answer_entropies": [0.5] * len(correct)}
