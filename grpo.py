@@ -225,18 +225,13 @@ def loss_attention(model, device):
             cfg._attn_implementation = saved
 
 
-def at_temperature(logits, temperature):
-    """Logits as sampled at `temperature` (greedy, 0, scores the plain distribution)."""
-    return logits / (temperature if temperature > 0 else 1.0)
-
-
 def token_logprobs(model, ids, attn, temperature, start=0):
     """log p(token_{j+1} | prefix) [B, L-1] at the sampling temperature, 0 at positions j < start: the head and the
     log-softmax over the vocabulary run only from `start`, the first position that predicts a completion token
     (on SmolLM2 they were a quarter of the step when every prompt position paid for them)."""
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False,
                    logits_to_keep=ids.shape[1] - start).logits[:, :-1].float()
-    logits = at_temperature(logits, temperature)
+    logits = passk.at_temperature(logits, temperature)
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, start + 1:].unsqueeze(-1)).squeeze(-1)
     return torch.nn.functional.pad(logp, (start, 0))
 
@@ -271,7 +266,7 @@ def shared_token_logprobs(model, ids, attn, comp, temperature):
         logits.append(getattr(model, "module", model)(input_ids=c_ids[:, :-1], attention_mask=mask,
                                                       position_ids=cols[:, :-1], past_key_values=cache,
                                                       use_cache=True).logits)
-    logits = at_temperature(torch.cat(logits, 1).float(), temperature)
+    logits = passk.at_temperature(torch.cat(logits, 1).float(), temperature)
     logp = torch.log_softmax(logits, -1).gather(-1, c_ids[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
     return logp.new_zeros(comp.shape).masked_scatter(comp > 0, logp[c_valid[:, :logits.shape[1]]])
 

@@ -89,9 +89,14 @@ def answer_entropy(answers) -> float:
     return entropy_bits(class_counts([answers])[0])
 
 
+def at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits as sampled at `temperature`; greedy (T <= 0) scores the plain distribution, T = 1."""
+    return logits / (temperature if temperature > 0 else 1.0)
+
+
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Exact entropy (nats) of softmax(logits / T) over the last dim; T <= 0 (greedy) reports T = 1."""
-    logp = torch.log_softmax(logits.float() / (temperature if temperature > 0 else 1.0), dim=-1)
+    logp = torch.log_softmax(at_temperature(logits.float(), temperature), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 

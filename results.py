@@ -889,16 +889,22 @@ def llm_studies(args):
 STALL_RELIABILITY = 0.3  # below it the members' ranking is mostly noise (set after the ES runs, before a follow-up)
 
 
+def greedy_diff(a, b):
+    """Per-problem greedy outcomes of evaluation a minus b's, as a [1, problems] table (one run's pairs)."""
+    return np.asarray(a["greedy_correct"], float)[None] - np.asarray(b["greedy_correct"], float)[None]
+
+
 def llm_stall(folder):
-    """Issue 38's "if ES stops moving, the diagnostics name why", over the second half of the finished ES runs
-    (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its end, did
-    held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? If not, issue 38's rule names the
-    cause from the same iterations' diagnostics (its threshold and the span set here after the ES runs, before any
-    follow-up): mean fitness reliability below STALL_RELIABILITY, the
-    signal; a probe gain (the master's reward on an iteration's own prompts, after its update minus before) above 0
-    at 95% (t interval over the iterations of every seed), the training pool (the step still pays where it was
-    estimated, and that does not carry to new problems); else the step (it no longer raises even the reward it was
-    estimated on). None without two greedy evaluations and probes."""
+    """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs
+    (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its last one,
+    did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not, issue 38's
+    rule names the cause from the diagnostics of the same iterations (the threshold and the span set here, after the
+    ES runs and before any follow-up): mean fitness reliability below STALL_RELIABILITY, the signal; a probe gain
+    (the master's reward on an iteration's own prompts after its update minus before) above 0 at 95%, the training
+    pool (the step still pays where it was estimated, and that does not carry to new problems); else the step (it
+    no longer raises even the reward it was estimated on). The probe gain's interval is the verdicts' own, over
+    iterations and seeds (crossed_interval on [seeds, iterations]). None unless every ES run has two greedy
+    evaluations, the same held-out problems, the same number of iterations in its span, and both diagnostics."""
     diffs, rel, gain, spans = [], [], [], []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         method, _, seed = name.rpartition("-seed")
@@ -908,53 +914,70 @@ def llm_stall(folder):
         if not mid or greedy[-1] is mid[-1]:
             continue
         a, b = mid[-1], greedy[-1]
-        diffs.append(np.asarray(b["greedy_correct"], float) - np.asarray(a["greedy_correct"], float))
-        late = [r for r in got[2] if r["iteration"] > a["iteration"]]
+        diffs.append(greedy_diff(b, a)[0])
+        late = [r for r in got[2] if a["iteration"] < r["iteration"] <= b["iteration"]]
         rel += [r["fitness_reliability"] for r in late if r.get("fitness_reliability") is not None]
-        gain += [r["probe_after"] - r["probe_before"] for r in late if "probe_after" in r]
+        gain.append([r["probe_after"] - r["probe_before"] for r in late if "probe_after" in r])
         spans.append([int(seed), a["iteration"], b["iteration"], a["greedy_pass@1"], b["greedy_pass@1"]])
-    if not diffs or len(gain) < 2 or not rel or len({len(d) for d in diffs}) != 1:
+    if not diffs or not rel or len({len(d) for d in diffs}) != 1 or len({len(g) for g in gain}) != 1 or \
+            len(gain[0]) * len(gain) < 2:
         return None
-    v = verdict("ES's held-out greedy pass@1 still rises over the second half of its run", np.stack(diffs))
-    g = np.asarray(gain)
-    g_half = 1.96 * float(g.std(ddof=1)) / math.sqrt(len(g))
+    v = verdict("ES's held-out greedy pass@1 still rises late in its run", np.stack(diffs))
+    g = verdict("the probe gain is above 0", np.asarray(gain))
     cause = None if v["verdict"] == "holds" else "the signal" if np.mean(rel) < STALL_RELIABILITY else \
-        "the training pool" if g.mean() - g_half > 0 else "the step"
+        "the training pool" if g["verdict"] == "holds" else "the step"
     return {**v, "problems": len(diffs[0]), "spans": spans, "reliability": float(np.mean(rel)),
-            "probe_gain": float(g.mean()), "probe_half_width": g_half, "iterations": len(g), "cause": cause}
+            "probe_gain": g["difference"], "probe_half_width": g["half_width"], "iterations": len(gain[0]),
+            "cause": cause}
+
+
+def read_origin(path):
+    """A follow-up's origin.json: {"run", "iteration", "change"}; None, with one line on stderr, where it is not."""
+    try:
+        with open(path) as f:
+            o = json.load(f)
+        if isinstance(o.get("run"), str) and isinstance(o.get("iteration"), int) and isinstance(o.get("change"), str):
+            return o
+    except (OSError, ValueError, AttributeError):
+        pass
+    print(f"warning: {path} is not {{\"run\": NAME, \"iteration\": N, \"change\": TEXT}}: its follow-up is left out",
+          file=sys.stderr)
+    return None
 
 
 def llm_followups(folder):
     """The runs made to address what llm_stall names: FOLDER/followup/NAME/ holds an es.py log.jsonl and origin.json
-    ({"run": a held-out run's folder name, "iteration": the parent iteration whose weights it started from (replayed
-    from the parent's log), "change": what it changes, in words}). Each, finished, against its parent at the same
-    iterations (the follow-up's t counted as the parent's iteration + t): its greedy curve beside the parent's, and
-    greedy pass@1 paired over problems at its end against the parent at that iteration (where the parent has it) and
-    against its own start (whose evaluation also checks the replay: the parent's weights, evaluated again)."""
+    ({"run": a held-out run's folder name, "iteration": the parent's iteration whose weights it started from,
+    replayed from the parent's log, "change": what it changes, in words}). Each finished one against its parent at
+    the same iterations (the follow-up's t counted as the parent's iteration + t): its greedy curve beside the
+    parent's, and greedy pass@1 paired over problems at its end against the parent at that iteration (where the
+    parent has it) and against its own start (whose evaluation, beside the parent's, also checks the replay). No
+    paired figure where the follow-up was not evaluated on its parent's problems (task, split and count)."""
     out, base = [], os.path.join(folder, "followup")
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        got, origin = llm_log(os.path.join(base, name)), os.path.join(base, name, "origin.json")
-        parent = llm_log(os.path.join(folder, json.load(open(origin))["run"])) if got and os.path.isfile(origin) \
-            else None
+        got = llm_log(os.path.join(base, name))
+        o = read_origin(os.path.join(base, name, "origin.json")) if got else None
+        parent = llm_log(os.path.join(folder, o["run"])) if o else None
         if not parent:
             continue
-        o, (cfg, ev, train) = json.load(open(origin)), got
-        at = {e["iteration"]: e for e in parent[1] if "greedy_correct" in e}
+        cfg, ev, train = got
         ev = [{**e, "iteration": o["iteration"] + e["iteration"]} for e in ev if "greedy_correct" in e]
-        if len(ev) < 2 or o["iteration"] not in at:
+        if len(ev) < 2 or ev[0]["iteration"] != o["iteration"]:
             continue
-        end = ev[-1]
-        pair = lambda a, b: np.asarray(a["greedy_correct"], float) - np.asarray(b["greedy_correct"], float)[None]  # noqa: E731
-        vs = [verdict(f"the follow-up beats {o['run']} at iteration {end['iteration']}", pair(end, at[end['iteration']]))
-              ] if end["iteration"] in at else []
-        vs.append(verdict(f"the follow-up raises greedy pass@1 over its start (iteration {o['iteration']})",
-                          pair(end, ev[0])))
+        same = all(cfg[k] == parent[0][k] for k in ("task", "eval_split")) and \
+            all(len(e["greedy_correct"]) == len(ev[0]["greedy_correct"]) for e in parent[1] if "greedy_correct" in e)
+        at = {e["iteration"]: e for e in parent[1] if "greedy_correct" in e} if same else {}
+        end, start = ev[-1], at.get(o["iteration"])
+        vs = ([verdict(f"the follow-up beats {o['run']} at iteration {end['iteration']}",
+                       greedy_diff(end, at[end["iteration"]]))] if end["iteration"] in at else []) + \
+            [verdict(f"the follow-up raises greedy pass@1 over its start (iteration {o['iteration']})",
+                     greedy_diff(end, ev[0]))]
         out.append({"name": name, **o, "task": cfg["task"], "params": llm_params(cfg),
                     "train_problems": cfg["train_problems"], "seed": cfg["seed"], "iterations": len(train),
                     "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
                     **llm_diagnostics(train), "problems": len(end["greedy_correct"]),
-                    "start": {"greedy": ev[0]["greedy_pass@1"], "parent": at[o["iteration"]]["greedy_pass@1"],
-                              "same": int(np.sum(pair(ev[0], at[o["iteration"]]) == 0))},
+                    "start": {"greedy": ev[0]["greedy_pass@1"], "parent": start and start["greedy_pass@1"],
+                              "same": start and int(np.sum(greedy_diff(ev[0], start) == 0))},
                     "curve": [[e["iteration"], e["greedy_pass@1"], at[e["iteration"]]["greedy_pass@1"]
                                if e["iteration"] in at else None] for e in ev],
                     "verdicts": vs})
@@ -1458,28 +1481,33 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None, sta
 
 def render_stall(stall, followups):
     """Section 8's lines on whether ES stops moving and why (llm_stall), and the runs made about it (llm_followups)."""
-    if not stall:
-        return []
-    spans = "; ".join(f"seed {s} iteration {a} -> {b}: {ga:.3f} -> {gb:.3f}" for s, a, b, ga, gb in stall["spans"])
-    L = [f"- Does ES stop moving? Held-out greedy pass@1 over the second half of each ES run ({spans}): "
-         f"{fmt(stall['difference'], stall['half_width'])}, **{stall['verdict']}** ({stall['problems']} problems x "
-         f"{stall['seeds']} seed{'s' if stall['seeds'] > 1 else ''}, paired). The diagnostics over the same "
-         f"{stall['iterations']} iterations: fitness reliability {stall['reliability']:.2f}, probe gain "
-         f"{fmt(stall['probe_gain'], stall['probe_half_width'], 4)} an iteration" + (
-             f". Issue 38's rule (reliability below {STALL_RELIABILITY}: the signal; a probe gain above 0 with "
-             f"held-out flat: the training pool; else the step; the threshold and the span set after the ES runs) "
-             f"names **{stall['cause']}**."
-             if stall["cause"] else ": it has not stopped.")]
+    L = []
+    if stall:
+        spans = "; ".join(f"seed {s}, iteration {a} -> {b}: {ga:.3f} -> {gb:.3f}" for s, a, b, ga, gb in stall["spans"])
+        seeds = f"{stall['seeds']} seed{'s' if stall['seeds'] > 1 else ''}"
+        moved = {"holds": "it still rises", "does not hold": "it falls", "within noise": "no rise shown"}
+        L.append(f"- Does ES stop moving? Held-out greedy pass@1 from each ES run's last evaluation at or before its "
+                 f"middle to its end ({spans}): {fmt(stall['difference'], stall['half_width'])} ({stall['problems']} "
+                 f"problems x {seeds}, paired): **{moved.get(stall['verdict'], stall['verdict'])}**. The diagnostics "
+                 f"of those iterations ({stall['iterations']} x {seeds}): fitness reliability "
+                 f"{stall['reliability']:.2f}, probe gain {fmt(stall['probe_gain'], stall['probe_half_width'], 4)} "
+                 "an iteration (over iterations and seeds)" + (
+                     f". Issue 38's rule (reliability below {STALL_RELIABILITY}: the signal; a probe gain above 0 at "
+                     "95% with held-out flat: the training pool; else the step; the threshold and the span set "
+                     f"after the ES runs) names **{stall['cause']}**." if stall["cause"] else "."))
     for f in followups:
         curve = ", ".join(f"{it}: {g:.3f}" + (f" (parent {p:.3f})" if p is not None else "") for it, g, p in f["curve"])
+        diag = ", ".join(f"{label} {fmt(f[k], digits=d)}" for k, label, d in (
+            ("reliability", "fitness reliability", 2), ("probe_gain", "probe gain", 3)) if k in f)
+        check = (f" (at the start the same outcome as the parent's evaluation on {f['start']['same']} of "
+                 f"{f['problems']} problems)" if f["start"]["same"] is not None else "")
         L.append(f"- Follow-up `{f['name']}`: {f['change']}, from `{f['run']}` at iteration {f['iteration']} (its "
-                 f"weights replayed from the log), seed {f['seed']}, {f['train_problems']:,} training problems, "
-                 f"{f['iterations']} iterations ({f['generations']:,} generations, {f['wall_minutes']:.0f} minutes); "
-                 f"fitness reliability {f.get('reliability', float('nan')):.2f}, probe gain "
-                 f"{f.get('probe_gain', float('nan')):+.3f}. Greedy pass@1 by the parent's iteration: {curve} (at the "
-                 f"start the same outcome as the parent's evaluation on {f['start']['same']} of {f['problems']} "
-                 "problems). " + "; ".join(f"{v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** "
-                                           f"({fmt(v['difference'], v['half_width'])})" for v in f["verdicts"]) + ".")
+                 f"weights replayed from the log), seed {f['seed']}, {f['train_problems']:,} training problems; "
+                 f"its own {f['iterations']} iterations, {f['generations']:,} generations, {f['wall_minutes']:.0f} "
+                 f"minutes{'; ' + diag if diag else ''}. Greedy pass@1 by the parent's iteration: {curve}{check}. "
+                 + "; ".join(f"{v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** "
+                             f"({fmt(v['difference'], v['half_width'])})" for v in f["verdicts"])
+                 + " (one run each, paired over problems: the interval does not count the noise of training seeds).")
     return L
 
 

@@ -3035,9 +3035,10 @@ def test_results_llm_extensions_grow_a_grid_past_the_edge_its_choice_is_on():
                " 0.0001, beta 0.04; GRPO lr 3e-05, beta 0.1." in x for x in lines), lines
 
 
-def write_es_log(folder, seed, greedy, rel, gains, iterations=4, every=2):
+def write_es_log(folder, seed, greedy, rel, gains=None, iterations=4, every=2):
     """A finished es.py log of issue 38's shape: greedy[i] the per-problem greedy outcomes of the i-th evaluation
-    (at iterations 0, every, 2 every, ...), each iteration's fitness reliability and probe gain."""
+    (at iterations 0, every, 2 every, ...; fewer: the last ones missing), each iteration's fitness reliability and
+    probe gain (gains None: a run without --probe)."""
     os.makedirs(folder, exist_ok=True)
     recs = [{"type": "config", "algo": "es", "task": "toy", "iterations": iterations, "eval_split": "test",
              "eval_problems": 4, "eval_n": 4, "sigma": 0.01, "alpha": 0.01, "population": 4, "prompts": 8,
@@ -3046,56 +3047,79 @@ def write_es_log(folder, seed, greedy, rel, gains, iterations=4, every=2):
                        "correct": [2, 2, 2, 2], "greedy_correct": g, "greedy_pass@1": float(np.mean(g))}
     recs.append(ev(0, greedy[0]))
     for t in range(1, iterations + 1):
+        probe = {"probe_before": 0.5, "probe_after": 0.5 + gains[t - 1]} if gains else {}
         recs.append({"type": "train", "iteration": t, "generations": 64 * t, "wall": 60.0 * t, "reward": 0.5,
-                     "fitness_reliability": rel[t - 1], "probe_before": 0.5, "probe_after": 0.5 + gains[t - 1]})
-        if t % every == 0 and t // every < len(greedy):  # fewer outcomes: a run without its last evaluations
+                     "fitness_reliability": rel[t - 1], **probe})
+        if t % every == 0 and t // every < len(greedy):
             recs.append(ev(t, greedy[t // every]))
     with open(os.path.join(folder, "log.jsonl"), "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def test_results_llm_stall_names_the_cause_by_the_rule_and_reports_the_follow_up(tmp_path):
+def test_results_llm_stall_names_the_cause_by_the_rule_and_reports_the_follow_up(tmp_path, capsys):
     P = 40
     flat = lambda k: [1] * k + [0] * (P - k)  # noqa: E731
     wobble = [1, 0] * (P // 2)  # as many problems gained as lost against flat(P // 2)
-    cases = [  # (second half's greedy: mid, end), reliability, gains -> verdict, cause
-        ((flat(4), flat(36)), [0.8] * 4, [0.05] * 4, "holds", None),
-        ((flat(20), wobble), [0.1] * 4, [0.05, 0.06, 0.05, 0.06], "within noise", "the signal"),
-        ((flat(20), wobble), [0.7] * 4, [0.05, 0.06, 0.05, 0.06], "within noise", "the training pool"),
-        ((flat(20), wobble), [0.7] * 4, [0.05, -0.05, 0.04, -0.03], "within noise", "the step"),
+    up, down = [0.05, 0.06, 0.05, 0.051], [0.05, -0.05, 0.04, -0.03]
+    cases = [  # (greedy at the middle, at the end), reliability, each seed's probe gains -> moved, cause
+        ((flat(4), flat(36)), [0.8] * 4, (up, up), "it still rises", None),
+        ((flat(36), flat(4)), [0.8] * 4, (down, down), "it falls", "the step"),
+        ((flat(20), wobble), [0.1] * 4, (up, up), "no rise shown", "the signal"),
+        ((flat(20), wobble), [0.7] * 4, (up, up), "no rise shown", "the training pool"),
+        ((flat(20), wobble), [0.7] * 4, (down, down), "no rise shown", "the step"),
+        # above 0 pooled over the iterations of both seeds, within noise once the seeds' spread counts
+        ((flat(20), wobble), [0.7] * 4, (up, [0.0, 0.0, 0.0, 0.01]), "no rise shown", "the step"),
     ]
-    for i, ((mid, end), rel, gains, word, cause) in enumerate(cases):
+    for i, ((mid, end), rel, gains, moved, cause) in enumerate(cases):
         folder = tmp_path / f"case{i}"
-        for seed in (0, 1):  # iterations 0, 2, 4: the second half runs from the evaluation at 2
-            write_es_log(folder / f"es-seed{seed}", seed, [flat(2), mid, end], rel, gains)
-        write_es_log(folder / "grpo-seed0", 0, [flat(2), mid, end], rel, gains)  # not ES: left out
+        for seed in (0, 1):  # iterations 0, 2, 4: the late part runs from the evaluation at 2
+            write_es_log(folder / f"es-seed{seed}", seed, [flat(2), mid, end], rel, gains[seed])
+        write_es_log(folder / "grpo-seed0", 0, [flat(2), mid, end], rel, up)  # not ES: left out
         s = results.llm_stall(str(folder))
-        assert (s["verdict"], s["cause"], s["seeds"], s["problems"], s["iterations"]) == (word, cause, 2, P, 4), i
+        assert (s["cause"], s["seeds"], s["problems"], s["iterations"]) == (cause, 2, P, 2), i
         assert [x[1:3] for x in s["spans"]] == [[2, 4], [2, 4]]
-        assert s["probe_gain"] == pytest.approx(np.mean(gains[2:]))  # iterations 3 and 4 only
+        assert s["probe_gain"] == pytest.approx(np.mean([g[2:] for g in gains]))  # iterations 3 and 4 only
         text = "\n".join(results.render_stall(s, []))
-        assert (f"names **{cause}**" in text) if cause else "it has not stopped" in text
+        assert f"**{moved}**" in text and "(2 x 2 seeds)" in text and (f"names **{cause}**" in text) == bool(cause)
     assert results.llm_stall(str(tmp_path / "none")) is None
-    # a follow-up from seed 0's iteration 2, two iterations: its iteration 2 is the parent's 4
-    folder = tmp_path / "case3"
-    write_es_log(folder / "followup" / "pool", 7, [flat(20), flat(30)], [0.6, 0.7], [0.01, 0.02], iterations=2)
-    (folder / "followup" / "pool" / "origin.json").write_text(json.dumps(
-        {"run": "es-seed0", "iteration": 2, "change": "a fresh pool"}))
-    write_es_log(folder / "followup" / "no-origin", 7, [flat(20), flat(30)], [0.6, 0.7], [0.01, 0.02], iterations=2)
-    write_es_log(folder / "followup" / "unfinished", 7, [flat(20)], [0.6, 0.7], [0.01, 0.02], iterations=2)
-    (folder / "followup" / "unfinished" / "origin.json").write_text(json.dumps(
-        {"run": "es-seed0", "iteration": 2, "change": "x"}))
-    [f] = results.llm_followups(str(folder))
-    assert (f["name"], f["run"], f["iteration"], f["seed"], f["iterations"], f["generations"]) == \
-        ("pool", "es-seed0", 2, 7, 2, 128)
-    assert f["curve"] == [[2, 0.5, 0.5], [4, 0.75, 0.5]]  # the parent's own evaluations at those iterations
-    assert f["start"] == {"greedy": 0.5, "parent": 0.5, "same": P}
-    beat, own = f["verdicts"]
+    write_es_log(tmp_path / "short" / "es-seed0", 0, [flat(2), flat(3), flat(4)], [0.7] * 4, up)
+    write_es_log(tmp_path / "short" / "es-seed1", 1, [flat(2), flat(3), flat(4)], [0.7] * 4)  # no probes
+    assert results.llm_stall(str(tmp_path / "short")) is None
+    # follow-ups of case 4's seed 0: from its iteration 2 (its iteration t is the parent's 2 + t)
+    folder, fu = tmp_path / "case4", tmp_path / "case4" / "followup"
+    origin = lambda name, it, change="a smaller step": (fu / name / "origin.json").write_text(  # noqa: E731
+        json.dumps({"run": "es-seed0", "iteration": it, "change": change}))
+    write_es_log(fu / "a", 7, [flat(20), flat(30)], [0.6, 0.7], [0.01, 0.02], iterations=2)
+    origin("a", 2)
+    write_es_log(fu / "b-odd", 7, [flat(20), flat(30)], [0.6, 0.7], iterations=2)  # no evaluation at parent's 1, 3
+    origin("b-odd", 1)
+    write_es_log(fu / "c-past", 7, [flat(20), flat(30), flat(30)], [0.6] * 4, iterations=4)  # ends past the parent
+    origin("c-past", 2)
+    write_es_log(fu / "d-other", 7, [[1] * 10 + [0] * 10, [1] * 15 + [0] * 5], [0.6, 0.7], iterations=2)
+    origin("d-other", 2)  # 20 problems, the parent's 40: nothing paired with the parent
+    write_es_log(fu / "e-no-origin", 7, [flat(20), flat(30)], [0.6, 0.7], iterations=2)
+    write_es_log(fu / "f-unfinished", 7, [flat(20)], [0.6, 0.7], iterations=2)
+    origin("f-unfinished", 2)
+    write_es_log(fu / "g-bad-origin", 7, [flat(20), flat(30)], [0.6, 0.7], iterations=2)
+    (fu / "g-bad-origin" / "origin.json").write_text('{"run": "es-seed0"}')
+    f = {x["name"]: x for x in results.llm_followups(str(folder))}
+    assert sorted(f) == ["a", "b-odd", "c-past", "d-other"]
+    assert "g-bad-origin" in capsys.readouterr().err
+    a = f["a"]
+    assert (a["run"], a["iteration"], a["seed"], a["iterations"], a["generations"]) == ("es-seed0", 2, 7, 2, 128)
+    assert a["curve"] == [[2, 0.5, 0.5], [4, 0.75, 0.5]]  # the parent's own evaluations at those iterations
+    assert a["start"] == {"greedy": 0.5, "parent": 0.5, "same": P}
+    beat, own = a["verdicts"]
     assert beat["claim"] == "the follow-up beats es-seed0 at iteration 4" and own["claim"].endswith("(iteration 2)")
     assert beat["difference"] == pytest.approx(0.25) and own["difference"] == pytest.approx(0.25)
     assert beat["verdict"] == own["verdict"] == "holds"
-    text = "\n".join(results.render_stall(results.llm_stall(str(folder)), [f]))
-    assert "Follow-up `pool`: a fresh pool, from `es-seed0` at iteration 2" in text and "4: 0.750 (parent 0.500)" in text
+    for name in ("b-odd", "c-past", "d-other"):  # no parent evaluation to pair the end with: only its own start
+        assert [v["claim"][:45] for v in f[name]["verdicts"]] == ["the follow-up raises greedy pass@1 over its s"], name
+    assert f["b-odd"]["curve"] == [[1, 0.5, None], [3, 0.75, None]] and f["b-odd"]["start"]["same"] is None
+    assert f["c-past"]["curve"][-1] == [6, 0.75, None] and f["d-other"]["start"]["parent"] is None
+    text = "\n".join(results.render_stall(None, list(f.values())))  # follow-ups without a stall line
+    assert "Follow-up `a`: a smaller step, from `es-seed0` at iteration 2" in text and "4: 0.750 (parent 0.500)" in \
+        text and "probe gain 0.015" in text and "nan" not in text and "Does ES stop" not in text
 
 
 def test_results_llm_verdicts_pair_problems_and_seeds_and_the_cost_at_matched_quality():
