@@ -1447,7 +1447,8 @@ def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None, sta
           "answer entropy |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         b, f = r["base"], r["final"]
-        L.append(f"| {LABEL[r['method']]} | {r['seed']} | {r['iterations']} | {r['generations']:,.0f} | "
+        its = f"{r['grpo_steps']} + {r['iterations']}" if "grpo_steps" in r else r["iterations"]  # GRPO's, then ES's
+        L.append(f"| {LABEL[r['method']]} | {r['seed']} | {its} | {r['generations']:,.0f} | "
                  f"{r['wall_minutes']:.0f} | " + " | ".join(f"{b[k]:.3f} -> {f[k]:.3f}" if k in b else "-" for k in
                  ("pass@1", "pass@16", f"pass@{K}", "token_entropy", "answer_entropy")) + " |")
     L.append("")

@@ -3361,6 +3361,7 @@ def test_results_quick_writes_summary_and_report_and_renders_again(tmp_path):
     section = doc.split("## 8.")[1]
     assert "SmolLM2: GRPO->ES adds pass@16 over GRPO" in doc
     assert sum(x.startswith("| GRPO | 0 | 2 | 32 |") for x in section.splitlines()) == 1, section
+    assert sum(x.startswith("| GRPO->ES | 1 | 2 + 2 | 288 |") for x in section.splitlines()) == 1, section
     assert section.count("(chosen)") == 2 and "results/llm-curves.png" in section
     assert (out / "results" / "llm-curves.png").stat().st_size > 1000
     assert [p[3] for p in runs[("grpo", 0)]["greedy_curve"]] == [0, 2]  # updates; and its plot
