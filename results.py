@@ -16,8 +16,9 @@ every evaluation), in the order of RESULTS.md, one function per section:
     5. claim_population population size against model size, until the choice is not at the grid's edge
     6. question_cost    generations and seconds to a matched quality; memory of one step
     7. question_temperature  does sampling hotter recover coverage from each model, over seeds
-    8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/recipe/,
-                        then the earlier study's in results/llm/
+    8. question_llm     the SmolLM2 runs of docs/llm.md (tuned ES and GRPO), from their logs in results/llm/recipe/;
+                        llm_stall: does ES stop moving, and why; llm_followups: the runs made about it (recipe/
+                        followup/); then the earlier study's in results/llm/
 
 Every section returns plain data; `collect` puts it in summary.json and `render` writes RESULTS.md and the plots from
 summary.json alone (`--render` does only that, from a fresh clone).
@@ -1399,8 +1400,9 @@ def llm_cost(runs):
 
 
 def render_llm(runs, tuning, figures, verdicts=(), prefix="llm", later=None, stall=None, followups=()):
-    """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts; with later (the llm_tuning of the
-    study that replaced it), llm_earlier's runs as a marked subsection, its figures named PREFIX-*.png."""
+    """RESULTS.md's section 8 from summary.json's llm, llm_tuning and llm_verdicts, then llm_stall's and
+    llm_followups' lines (stall, followups); with later (the llm_tuning of the study that replaced it), llm_earlier's
+    runs as a marked subsection, its figures named PREFIX-*.png."""
     fig = lambda f: (lambda g: f"![{g}]({figures}/{g})")(f.replace("llm-", prefix + "-", 1))  # noqa: E731
     diag = any("reliability" in t or "probe_gain" in t for t in tuning)  # issue 38's grids log both
     if later is None:
