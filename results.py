@@ -1502,14 +1502,15 @@ def render_stall(stall, followups):
         curve = ", ".join(f"{it}: {g:.3f}" + (f" (parent {p:.3f})" if p is not None else "") for it, g, p in f["curve"])
         diag = ", ".join(f"{label} {fmt(f[k], digits=d)}" for k, label, d in (
             ("reliability", "fitness reliability", 2), ("probe_gain", "probe gain", 3)) if k in f)
+        said = "; ".join(f"{v['claim']}: **{v['verdict']}** ({fmt(v['difference'], v['half_width'])})"
+                         for v in f["verdicts"])
         check = (f" (at the start the same outcome as the parent's evaluation on {f['start']['same']} of "
                  f"{f['problems']} problems)" if f["start"]["same"] is not None else "")
         L.append(f"- Follow-up `{f['name']}`: {f['change']}, from `{f['run']}` at iteration {f['iteration']} (its "
                  f"weights replayed from the log), seed {f['seed']}, {f['train_problems']:,} training problems; "
                  f"its own {f['iterations']} iterations, {f['generations']:,} generations, {f['wall_minutes']:.0f} "
                  f"minutes{'; ' + diag if diag else ''}. Greedy pass@1 by the parent's iteration: {curve}{check}. "
-                 + "; ".join(f"{v['claim'][0].upper() + v['claim'][1:]}: **{v['verdict']}** "
-                             f"({fmt(v['difference'], v['half_width'])})" for v in f["verdicts"])
+                 + said[0].upper() + said[1:]
                  + " (one run each, paired over problems: the interval does not count the noise of training seeds).")
     return L
 
