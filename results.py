@@ -823,9 +823,21 @@ def llm_log(path):
     return (cfg, ev, train) if done else None
 
 
-def question_llm(folder):
+def llm_held_out(folder):
+    """FOLDER's finished held-out runs, each log read once: {name: (method, seed, (config, evaluations, train lines))}
+    for FOLDER/METHOD-seedS/log.jsonl, METHOD one of LLM_METHODS; unfinished runs (llm_log) are left out."""
+    out = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        method, _, seed = name.rpartition("-seed")
+        got = llm_log(os.path.join(folder, name)) if method in LLM_METHODS and seed.isdecimal() else None
+        if got:
+            out[name] = (method, int(seed), got)
+    return out
+
+
+def question_llm(folder, held):
     """docs/llm.md's SmolLM2 runs from their committed logs: FOLDER/tune/NAME/log.jsonl (short runs scored on the val
-    split: {method, params, score}) and FOLDER/METHOD-seedS/log.jsonl (held-out runs), METHOD one of LLM_METHODS
+    split: {method, params, score}) and held = llm_held_out(FOLDER), the held-out runs FOLDER/METHOD-seedS/
     (grpo-es: a sequential.py schedule, or es.py from a GRPO run's checkpoint-NNNNNN, whose generations, wall time
     and evaluations up to that step count as the run's first part). Unfinished runs are left out. A run's population
     and prompts are ES's (members, prompts each member is scored on; a schedule's ES stage), or for GRPO none and its
@@ -843,12 +855,7 @@ def question_llm(folder):
                            "problems": ev[-1].get("greedy_problems", cfg["eval_problems"]), "iterations": len(train),
                            "generations": train[-1]["generations"], "wall_minutes": train[-1]["wall"] / 60,
                            **llm_diagnostics(train)})
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        method, _, seed = name.rpartition("-seed")
-        got = llm_log(os.path.join(folder, name)) if method in LLM_METHODS and seed.isdecimal() else None
-        if not got:
-            continue
-        cfg, ev, train = got
+    for method, seed, (cfg, ev, train) in held.values():
         start = llm_start(folder, cfg) if method == "grpo-es" and cfg["algo"] == "es" else None
         before, prefix, wall = 0, [], 0.0  # what the GRPO run this ES run started from had done
         if start:
@@ -860,7 +867,7 @@ def question_llm(folder):
                             "iteration": e["iteration"] + (start[1] if start else 0)} for e in ev]
         params = llm_params(cfg)
         es_params = params.get("es", params) if method != "grpo" else params  # a schedule nests each stage's flags
-        runs.append({"method": method, "seed": int(seed), "task": cfg["task"], "iterations": len(train),
+        runs.append({"method": method, "seed": seed, "task": cfg["task"], "iterations": len(train),
                      "population": es_params.get("population"), "prompts": es_params.get("prompts"),
                      **llm_diagnostics(train),
                      **({"grpo_steps": start[1]} if start else {}),
@@ -872,7 +879,7 @@ def question_llm(folder):
                                           for e in ev_all if "greedy_pass@1" in e]} if "greedy_pass@1" in ev[-1]
                         else {})})
         if "correct" in ev[-1]:  # issue 38's logs: per-problem figures, for verdicts paired over problems and seeds
-            figures[method, int(seed)] = {"base": per_problem(ev_all[0]), "final": per_problem(ev[-1])}
+            figures[method, seed] = {"base": per_problem(ev_all[0]), "final": per_problem(ev[-1])}
     grid = lambda t: (t["method"], *(t["params"].get(k, 0) for k in ("sigma", "alpha", "lr")))  # noqa: E731
     return runs, sorted(tuning, key=grid), llm_verdicts(figures)  # a grid reads in order of its values
 
@@ -880,10 +887,11 @@ def question_llm(folder):
 def llm_studies(args):
     """summary.json's llm, llm_tuning and llm_verdicts (--llm-runs), llm_stall and llm_followups (the same logs and
     FOLDER/followup/) and llm_earlier (--llm-earlier: the first three)."""
-    runs, tuning, verdicts = question_llm(args.llm_runs)
-    earlier = question_llm(args.llm_earlier) if args.llm_earlier else ([], [], [])
-    return {"llm": runs, "llm_tuning": tuning, "llm_verdicts": verdicts, "llm_stall": llm_stall(args.llm_runs),
-            "llm_followups": llm_followups(args.llm_runs),
+    held = llm_held_out(args.llm_runs)
+    runs, tuning, verdicts = question_llm(args.llm_runs, held)
+    earlier = question_llm(args.llm_earlier, llm_held_out(args.llm_earlier)) if args.llm_earlier else ([], [], [])
+    return {"llm": runs, "llm_tuning": tuning, "llm_verdicts": verdicts, "llm_stall": llm_stall(held),
+            "llm_followups": llm_followups(args.llm_runs, held),
             "llm_earlier": dict(zip(("runs", "tuning", "verdicts"), earlier))}
 
 
@@ -895,9 +903,9 @@ def greedy_diff(a, b):
     return np.asarray(a["greedy_correct"], float)[None] - np.asarray(b["greedy_correct"], float)[None]
 
 
-def llm_stall(folder):
-    """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs
-    (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its last one,
+def llm_stall(held):
+    """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs of
+    held = llm_held_out(FOLDER) (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its last one,
     did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not, issue 38's
     rule names the cause from the diagnostics of the same iterations (the threshold and the span set here, after the
     ES runs and before any follow-up): mean fitness reliability below STALL_RELIABILITY, the signal; a probe gain
@@ -907,11 +915,9 @@ def llm_stall(folder):
     iterations and seeds (crossed_interval on [seeds, iterations]). None unless every ES run has two greedy
     evaluations, the same held-out problems, the same number of iterations in its span, and both diagnostics."""
     diffs, rel, gain, spans = [], [], [], []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        method, _, seed = name.rpartition("-seed")
-        got = llm_log(os.path.join(folder, name)) if method == "es" and seed.isdecimal() else None
-        greedy = [e for e in got[1] if "greedy_correct" in e] if got else []
-        mid = [e for e in greedy if e["iteration"] <= len(got[2]) / 2] if got else []
+    for method, seed, got in held.values():
+        greedy = [e for e in got[1] if "greedy_correct" in e] if method == "es" else []
+        mid = [e for e in greedy if e["iteration"] <= len(got[2]) / 2]
         if not mid or greedy[-1] is mid[-1]:
             continue
         a, b = mid[-1], greedy[-1]
@@ -919,7 +925,7 @@ def llm_stall(folder):
         late = [r for r in got[2] if a["iteration"] < r["iteration"] <= b["iteration"]]
         rel += [r["fitness_reliability"] for r in late if r.get("fitness_reliability") is not None]
         gain.append([r["probe_after"] - r["probe_before"] for r in late if "probe_after" in r])
-        spans.append([int(seed), a["iteration"], b["iteration"], a["greedy_pass@1"], b["greedy_pass@1"]])
+        spans.append([seed, a["iteration"], b["iteration"], a["greedy_pass@1"], b["greedy_pass@1"]])
     if not diffs or not rel or len({len(d) for d in diffs}) != 1 or len({len(g) for g in gain}) != 1 or \
             len(gain[0]) * len(gain) < 2:
         return None
@@ -946,9 +952,9 @@ def read_origin(path):
     return None
 
 
-def llm_followups(folder):
+def llm_followups(folder, held):
     """The runs made to address what llm_stall names: FOLDER/followup/NAME/ holds an es.py log.jsonl and origin.json
-    ({"run": a held-out run's folder name, "iteration": the parent's iteration whose weights it started from,
+    ({"run": a held-out run's folder name, its log in held = llm_held_out(FOLDER), "iteration": the parent's iteration whose weights it started from,
     replayed from the parent's log, "change": what it changes, in words}). Each finished one against its parent at
     the same iterations (the follow-up's t counted as the parent's iteration + t): its greedy curve beside the
     parent's, and greedy pass@1 paired over problems at its end against the parent at that iteration (where the
@@ -958,7 +964,7 @@ def llm_followups(folder):
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         got = llm_log(os.path.join(base, name))
         o = read_origin(os.path.join(base, name, "origin.json")) if got else None
-        parent = llm_log(os.path.join(folder, o["run"])) if o else None
+        parent = held.get(o["run"], (None, None, None))[2] if o else None
         if not parent:
             continue
         cfg, ev, train = got

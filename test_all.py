@@ -3075,16 +3075,16 @@ def test_results_llm_stall_names_the_cause_by_the_rule_and_reports_the_follow_up
         for seed in (0, 1):  # iterations 0, 2, 4: the late part runs from the evaluation at 2
             write_es_log(folder / f"es-seed{seed}", seed, [flat(2), mid, end], rel, gains[seed])
         write_es_log(folder / "grpo-seed0", 0, [flat(2), mid, end], rel, up)  # not ES: left out
-        s = results.llm_stall(str(folder))
+        s = results.llm_stall(results.llm_held_out(str(folder)))
         assert (s["cause"], s["seeds"], s["problems"], s["iterations"]) == (cause, 2, P, 2), i
         assert [x[1:3] for x in s["spans"]] == [[2, 4], [2, 4]]
         assert s["probe_gain"] == pytest.approx(np.mean([g[2:] for g in gains]))  # iterations 3 and 4 only
         text = "\n".join(results.render_stall(s, []))
         assert f"**{moved}**" in text and "(2 x 2 seeds)" in text and (f"names **{cause}**" in text) == bool(cause)
-    assert results.llm_stall(str(tmp_path / "none")) is None
+    assert results.llm_stall(results.llm_held_out(str(tmp_path / "none"))) is None
     write_es_log(tmp_path / "short" / "es-seed0", 0, [flat(2), flat(3), flat(4)], [0.7] * 4, up)
     write_es_log(tmp_path / "short" / "es-seed1", 1, [flat(2), flat(3), flat(4)], [0.7] * 4)  # no probes
-    assert results.llm_stall(str(tmp_path / "short")) is None
+    assert results.llm_stall(results.llm_held_out(str(tmp_path / "short"))) is None
     # follow-ups of case 4's seed 0: from its iteration 2 (its iteration t is the parent's 2 + t)
     folder, fu = tmp_path / "case4", tmp_path / "case4" / "followup"
     origin = lambda name, it, change="a smaller step": (fu / name / "origin.json").write_text(  # noqa: E731
@@ -3102,7 +3102,7 @@ def test_results_llm_stall_names_the_cause_by_the_rule_and_reports_the_follow_up
     origin("f-unfinished", 2)
     write_es_log(fu / "g-bad-origin", 7, [flat(20), flat(30)], [0.6, 0.7], iterations=2)
     (fu / "g-bad-origin" / "origin.json").write_text('{"run": "es-seed0"}')
-    f = {x["name"]: x for x in results.llm_followups(str(folder))}
+    f = {x["name"]: x for x in results.llm_followups(str(folder), results.llm_held_out(str(folder)))}
     assert sorted(f) == ["a", "b-odd", "c-past", "d-other"]
     assert "g-bad-origin" in capsys.readouterr().err
     a = f["a"]
