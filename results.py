@@ -905,8 +905,8 @@ def greedy_diff(a, b):
 
 def llm_stall(held):
     """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs of
-    held = llm_held_out(FOLDER) (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to its last one,
-    did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not, issue 38's
+    held = llm_held_out(FOLDER) (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle
+    iteration to its last one, did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not, issue 38's
     rule names the cause from the diagnostics of the same iterations (the threshold and the span set here, after the
     ES runs and before any follow-up): mean fitness reliability below STALL_RELIABILITY, the signal; a probe gain
     (the master's reward on an iteration's own prompts after its update minus before) above 0 at 95%, the training
