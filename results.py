@@ -904,16 +904,16 @@ def greedy_diff(a, b):
 
 
 def llm_stall(held):
-    """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs of
-    held = llm_held_out(FOLDER) (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle
-    iteration to its last one, did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not, issue 38's
-    rule names the cause from the diagnostics of the same iterations (the threshold and the span set here, after the
-    ES runs and before any follow-up): mean fitness reliability below STALL_RELIABILITY, the signal; a probe gain
-    (the master's reward on an iteration's own prompts after its update minus before) above 0 at 95%, the training
-    pool (the step still pays where it was estimated, and that does not carry to new problems); else the step (it
-    no longer raises even the reward it was estimated on). The probe gain's interval is the verdicts' own, over
-    iterations and seeds (crossed_interval on [seeds, iterations]). None unless every ES run has two greedy
-    evaluations, the same held-out problems, the same number of iterations in its span, and both diagnostics."""
+    """Issue 38's "if ES stops moving, the diagnostics name why", over the late part of the finished ES runs of held =
+    llm_held_out(FOLDER) (FOLDER/es-seedS/): from each run's last greedy evaluation at or before its middle iteration to
+    its last one, did held-out greedy pass@1 still rise (a verdict paired over problems and seeds)? Where it did not,
+    issue 38's rule names the cause from the diagnostics of the same iterations (the threshold and the span set here,
+    after the ES runs and before any follow-up): mean fitness reliability below STALL_RELIABILITY, the signal; a probe
+    gain (the master's reward on an iteration's own prompts after its update minus before) above 0 at 95%, the training
+    pool (the step still pays where it was estimated, and that does not carry to new problems); else the step (it no
+    longer raises even the reward it was estimated on). The probe gain's interval is the verdicts' own, over iterations
+    and seeds (crossed_interval on [seeds, iterations]). None unless every ES run has two greedy evaluations, the same
+    held-out problems, the same number of iterations in its span, and both diagnostics."""
     diffs, rel, gain, spans = [], [], [], []
     for method, seed, got in held.values():
         greedy = [e for e in got[1] if "greedy_correct" in e] if method == "es" else []
@@ -954,12 +954,12 @@ def read_origin(path):
 
 def llm_followups(folder, held):
     """The runs made to address what llm_stall names: FOLDER/followup/NAME/ holds an es.py log.jsonl and origin.json
-    ({"run": a held-out run's folder name, its log in held = llm_held_out(FOLDER), "iteration": the parent's iteration whose weights it started from,
-    replayed from the parent's log, "change": what it changes, in words}). Each finished one against its parent at
-    the same iterations (the follow-up's t counted as the parent's iteration + t): its greedy curve beside the
-    parent's, and greedy pass@1 paired over problems at its end against the parent at that iteration (where the
-    parent has it) and against its own start (whose evaluation, beside the parent's, also checks the replay). No
-    paired figure where the follow-up was not evaluated on its parent's problems (task, split and count)."""
+    ({"run": a held-out run's folder name, its log in held = llm_held_out(FOLDER), "iteration": the parent's iteration
+    whose weights it started from, replayed from the parent's log, "change": what it changes, in words}). Each finished
+    one against its parent at the same iterations (the follow-up's t counted as the parent's iteration + t): its greedy
+    curve beside the parent's, and greedy pass@1 paired over problems at its end against the parent at that iteration
+    (where the parent has it) and against its own start (whose evaluation, beside the parent's, also checks the replay).
+    No paired figure where the follow-up was not evaluated on its parent's problems (task, split and count)."""
     out, base = [], os.path.join(folder, "followup")
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         got = llm_log(os.path.join(base, name))
