@@ -52,7 +52,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100
-    """ES iterations in total (a resumed run continues up to this many); in [0, inf)"""
+    """ES iterations in total (--resume: the saved run's unless set to another value); in [0, inf)"""
     population: int = 30
     """N, members per iteration (paper recipe: 30); in [2, inf)"""
     sigma: float = 0.02
@@ -111,8 +111,9 @@ class Args:
     out: str = "runs/es"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
-    """continue the run saved in this directory (its args, up to --iterations in total): from its newest checkpoint
-    and the iterations its log.jsonl holds past it, or from the log alone (nothing a kill interrupted is lost)"""
+    """continue the run saved in this directory (its args and --iterations, unless another is set): from its newest
+    checkpoint and the iterations its log.jsonl holds past it, or from the log alone (nothing a kill interrupted is
+    lost)"""
     replay: str = ""
     """a run's log.jsonl: rebuild its final weights from its base model (--model, default the logged one) and the
     member rewards it logged, no checkpoint needed, and write them to --out (save_pretrained format)"""
@@ -692,7 +693,9 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         if changed:
             raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
                                     f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
-        args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
+        # no --iterations (the default): the saved run's total, so that a killed run ends where it meant to
+        total = saved.get("iterations", args.iterations) if args.iterations == default.iterations else args.iterations
+        args = Args(**{**saved, "iterations": total, "resume": args.resume, "out": args.resume,
                        **{k: getattr(args, k) or saved.get(k, getattr(default, k))
                           for k in ("device", "threads", "run_name", "report_to")}})
         start_it = state["iteration"]

@@ -57,7 +57,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 150
-    """optimizer steps in total (a resumed run continues up to this many); in [0, inf)"""
+    """optimizer steps in total (--resume: the saved run's unless set to another value); in [0, inf)"""
     prompts: int = 32
     """prompts per step (split across ranks); in [1, inf)"""
     group: int = 8
@@ -122,7 +122,7 @@ class Args:
     out: str = "runs/grpo"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
-    """continue the run saved in this directory (its args, up to --iterations in total)"""
+    """continue the run saved in this directory (its args and --iterations, unless another is set)"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
@@ -574,7 +574,9 @@ def resumed(args):
     if changed:
         raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
                                 f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
-    args = Args(**{**saved, "iterations": args.iterations, "resume": args.resume, "out": args.resume,
+    # no --iterations (the default): the saved run's total, so that a killed run ends where it meant to
+    total = saved.get("iterations", args.iterations) if args.iterations == default.iterations else args.iterations
+    args = Args(**{**saved, "iterations": total, "resume": args.resume, "out": args.resume,
                    **{k: getattr(args, k) or saved.get(k, getattr(default, k))
                       for k in ("device", "threads", "run_name", "report_to")}})
     return args, ckpt, state
