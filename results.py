@@ -964,7 +964,7 @@ def llm_followups(folder, held):
     for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         got = llm_log(os.path.join(base, name))
         o = read_origin(os.path.join(base, name, "origin.json")) if got else None
-        parent = held.get(o["run"], (None, None, None))[2] if o else None
+        parent = held[o["run"]][2] if o and o["run"] in held else None
         if not parent:
             continue
         cfg, ev, train = got
