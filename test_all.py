@@ -2962,7 +2962,8 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     completions they share: in bf16 (as on SmolLM2), in bf16 without the shared prefix, and in fp32 (loaded afresh:
     --dtype bf16 here), every one of them on the embedded model; without --vllm-python it says so in one line and
     stops there. With an engine (here a stand-in vllm module on the path, in a subprocess as the real one runs) it
-    times both sides at each --rows and counts the completions they share."""
+    times both sides at each --rows and counts the completions they share. Its bf16 is the scripts' whatever --dtype
+    is: fp32 products (passk.Bf16Products) exactly where the CPU has no bf16 (the second call runs at --dtype fp32)."""
     (plain,) = bench.main(bench.Args(parts="h", rows="8", repeats=1, new_tokens=8, out=str(tmp_path / "a"), threads=1,
                                      dtype="bf16"))
     assert "[h] vLLM skipped: no --vllm-python" in capsys.readouterr().out
@@ -2973,8 +2974,9 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     (fake / "__init__.py").write_text(FAKE_VLLM)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     records = bench.main(bench.Args(parts="h", rows="8,16", repeats=1, new_tokens=8, out=str(tmp_path / "b"),
-                                    threads=1, vllm_python=sys.executable, dtype="bf16"))
+                                    threads=1, vllm_python=sys.executable))
     assert "same_as_plain" in records[0] and [r["rows"] for r in records[1:]] == [8, 16]
+    assert all(r.get("bf16_products") == (None if passk.native_bf16() else "fp32") for r in [plain, *records])
     records = records[1:]
     assert all(r["vllm_tokens"] == 2 * r["rows"] and 0 <= r["same_as_vllm"] <= r["rows"] for r in records)
     assert all(0 < r["vllm_memory_share"] <= 0.4 for r in records)  # 0.4, or less where less RAM is free
