@@ -52,7 +52,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100
-    """ES iterations in total (--resume: the saved run's unless set to another value); in [0, inf)"""
+    """ES iterations in total (--resume: the saved run's, unless set to a value other than 100); in [0, inf)"""
     population: int = 30
     """N, members per iteration (paper recipe: 30); in [2, inf)"""
     sigma: float = 0.02
@@ -111,7 +111,7 @@ class Args:
     out: str = "runs/es"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
-    """continue the run saved in this directory (its args and --iterations, unless another is set): from its newest
+    """continue the run saved in this directory (its args and total: see --iterations): from its newest
     checkpoint and the iterations its log.jsonl holds past it, or from the log alone (nothing a kill interrupted is
     lost)"""
     replay: str = ""
@@ -732,7 +732,8 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
                       ), default=0)
         if logged > max(args.iterations, start_it):
             raise verify.UsageError(f"--resume {args.resume}: its log holds {logged} iterations, more than "
-                                    f"--iterations {args.iterations}; nothing was changed")
+                                    f"--iterations {args.iterations} (a run extended and killed before its next "
+                                    f"checkpoint: give the total it was extended to); nothing was changed")
         # a log from another device type is redone from the checkpoint, not replayed
         tail = log_tail(log, Args(**{**dataclasses.asdict(args), **saved}), start_it, args.iterations) \
             if same_device else []

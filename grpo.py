@@ -57,7 +57,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 150
-    """optimizer steps in total (--resume: the saved run's unless set to another value); in [0, inf)"""
+    """optimizer steps in total (--resume: the saved run's, unless set to a value other than 150); in [0, inf)"""
     prompts: int = 32
     """prompts per step (split across ranks); in [1, inf)"""
     group: int = 8
@@ -122,7 +122,7 @@ class Args:
     out: str = "runs/grpo"
     """run directory: log.jsonl, checkpoint-NNNNNN/"""
     resume: str = ""
-    """continue the run saved in this directory (its args and --iterations, unless another is set)"""
+    """continue the run saved in this directory (its args and total: see --iterations)"""
     device: str = ""
     """cpu, cuda, cuda:N ('': cuda when available, else cpu; under torchrun cuda means cuda:LOCAL_RANK)"""
     threads: int = 0
@@ -576,6 +576,12 @@ def resumed(args):
                                 f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
     # no --iterations (the default): the saved run's total, so that a killed run ends where it meant to
     total = saved.get("iterations", args.iterations) if args.iterations == default.iterations else args.iterations
+    logged = max((r["iteration"] for r in read_log(os.path.join(args.resume, "log.jsonl"))
+                  if r.get("type") == "train" and isinstance(r.get("iteration"), int)), default=0)
+    if logged > max(total, state.get("iteration", 0)):  # its steps past the total would be dropped: refuse instead
+        raise verify.UsageError(f"--resume {args.resume}: its log holds {logged} steps, more than --iterations {total} "
+                                f"(a run extended and killed before its next checkpoint: give the total it was "
+                                f"extended to); nothing was changed")
     args = Args(**{**saved, "iterations": total, "resume": args.resume, "out": args.resume,
                    **{k: getattr(args, k) or saved.get(k, getattr(default, k))
                       for k in ("device", "threads", "run_name", "report_to")}})

@@ -2243,7 +2243,7 @@ def test_bad_invocations_from_the_shell_are_one_line():
 def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path, monkeypatch, capsys):
     """The disk fills up while checkpoint 2 is being written: exit 1 with one line, checkpoint 1 intact, no temp
     folder left; --resume with no --iterations (the saved run's 3, not the default) then ends with the weights of an
-    uninterrupted run."""
+    uninterrupted run; a log holding more steps than that total (an extension killed early) is refused, untouched."""
     import errno
     small = small_es if module is es else small_grpo
     module.train(small(tmp_path, "full", iterations=3, save_every=1))
@@ -2266,6 +2266,15 @@ def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path
     a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
     assert module.latest_checkpoint(tmp_path / "cut").endswith("checkpoint-000003")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # extended and killed before its next checkpoint (the log one step past the saved total): refused, not cut back
+    with open(tmp_path / "cut" / "log.jsonl", "a") as f:
+        f.write(json.dumps({"type": "train", "iteration": 4}) + "\n")
+    before = open(tmp_path / "cut" / "log.jsonl").read()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        module.main(module.Args(resume=str(tmp_path / "cut"), threads=1))
+    assert e.value.code == 2 and "more than --iterations 3" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert open(tmp_path / "cut" / "log.jsonl").read() == before
 
 
 def rank_pid(out, rank):
