@@ -52,7 +52,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 100
-    """ES iterations in total (--resume: the saved run's, unless set to a value other than 100); in [0, inf)"""
+    """ES iterations in total (with --resume and none given: the saved run's); in [0, inf)"""
     population: int = 30
     """N, members per iteration (paper recipe: 30); in [2, inf)"""
     sigma: float = 0.02
@@ -693,14 +693,16 @@ def train(args, model=None, tokenizer=None, evaluate_start=True, tracker=None):
         if changed:
             raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
                                     f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
-        # no --iterations (the default): the saved run's total, so that a killed run ends where it meant to
-        total = saved.get("iterations", args.iterations) if args.iterations == default.iterations else args.iterations
+        # no --iterations: the saved run's total, so that a killed run ends where it meant to
+        total = saved.get("iterations", default.iterations) if args.iterations is None else args.iterations
         args = Args(**{**saved, "iterations": total, "resume": args.resume, "out": args.resume,
                        **{k: getattr(args, k) or saved.get(k, getattr(default, k))
                           for k in ("device", "threads", "run_name", "report_to")}})
         start_it = state["iteration"]
     elif latest_checkpoint(args.out):
         raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, or a new --out")
+    if args.iterations is None:  # a new run, no --iterations given (parse_args): the default
+        args = dataclasses.replace(args, iterations=Args.iterations)
     check_args(args)
     passk.check_writable(args.out)
     rank, world, device = setup_distributed(args)
@@ -884,7 +886,7 @@ def main(args):
 
 
 def parse_args(argv=None):
-    return passk.parse_flags(Args, argv, __doc__)
+    return passk.parse_flags(Args, argv, __doc__, unset=("iterations",))  # None: not given (train() resolves it)
 
 
 if __name__ == "__main__":

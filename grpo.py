@@ -57,7 +57,7 @@ class Args:
     data: str = ""
     """local data file for the task (jsonl or a json list); gsm8k and math default to the bundled data/ files"""
     iterations: int = 150
-    """optimizer steps in total (--resume: the saved run's, unless set to a value other than 150); in [0, inf)"""
+    """optimizer steps in total (with --resume and none given: the saved run's); in [0, inf)"""
     prompts: int = 32
     """prompts per step (split across ranks); in [1, inf)"""
     group: int = 8
@@ -563,6 +563,8 @@ def resumed(args):
         if latest_checkpoint(args.out):
             raise verify.UsageError(f"{args.out} already holds a run: --resume {args.out} to continue it, "
                                     f"or a new --out")
+        if args.iterations is None:  # no --iterations given (parse_args): the default
+            args = dataclasses.replace(args, iterations=Args.iterations)
         return args, None, {}
     ckpt = latest_checkpoint(args.resume)
     if ckpt is None:
@@ -574,8 +576,8 @@ def resumed(args):
     if changed:
         raise verify.UsageError(f"--resume continues the saved run; only --iterations, --device, --threads, "
                                 f"--report-to and --run-name may change (got --{changed[0].replace('_', '-')})")
-    # no --iterations (the default): the saved run's total, so that a killed run ends where it meant to
-    total = saved.get("iterations", args.iterations) if args.iterations == default.iterations else args.iterations
+    # no --iterations: the saved run's total, so that a killed run ends where it meant to
+    total = saved.get("iterations", default.iterations) if args.iterations is None else args.iterations
     logged = max((r["iteration"] for r in read_log(os.path.join(args.resume, "log.jsonl"))
                   if r.get("type") == "train" and isinstance(r.get("iteration"), int)), default=0)
     if logged > max(total, state.get("iteration", 0)):  # its steps past the total would be dropped: refuse instead
@@ -721,7 +723,7 @@ def main(args):
 
 
 def parse_args(argv=None):
-    return passk.parse_flags(Args, argv, __doc__)
+    return passk.parse_flags(Args, argv, __doc__, unset=("iterations",))  # None: not given (train() resolves it)
 
 
 if __name__ == "__main__":

@@ -1107,10 +1107,12 @@ def add_flags(parser, cls, prefix="", skip=()):
         parser.add_argument(flag, help=f"{docs.get(f.name, '')} (default: {shown})".replace("%", "%%"), **kw)
 
 
-def parse_flags(cls, argv=None, doc=""):
-    """Args instance from the command line: argparse generated from the dataclass; a bad flag is exit 2."""
+def parse_flags(cls, argv=None, doc="", unset=()):
+    """Args instance from the command line: argparse generated from the dataclass; a bad flag is exit 2. Fields named
+    in unset are None where the command line does not give them (their help still shows the dataclass default)."""
     p = _Parser(description=doc.strip().split("\n")[0])
     add_flags(p, cls)
+    p.set_defaults(**dict.fromkeys(unset))
     return cls(**vars(p.parse_args(argv)))
 
 

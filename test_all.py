@@ -2241,9 +2241,10 @@ def test_bad_invocations_from_the_shell_are_one_line():
 
 @pytest.mark.parametrize("module", [es, grpo], ids=["es", "grpo"])
 def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path, monkeypatch, capsys):
-    """The disk fills up while checkpoint 2 is being written: exit 1 with one line, checkpoint 1 intact, no temp
-    folder left; --resume with no --iterations (the saved run's 3, not the default) then ends with the weights of an
-    uninterrupted run; a log holding more steps than that total (an extension killed early) is refused, untouched."""
+    """The disk fills up while checkpoint 2 is being written: exit 1 with one line, checkpoint 1 intact, no temp folder
+    left; `--resume DIR` with no --iterations (the saved run's 3, not the default) then ends with the weights of an
+    uninterrupted run; a log holding more steps than that total (an extension killed early) is refused,
+    untouched."""
     import errno
     small = small_es if module is es else small_grpo
     module.train(small(tmp_path, "full", iterations=3, save_every=1))
@@ -2262,7 +2263,9 @@ def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path
     assert module.latest_checkpoint(tmp_path / "cut").endswith("checkpoint-000001")
     assert not [d for d in os.listdir(tmp_path / "cut") if d.startswith(".tmp")]
     monkeypatch.setattr(json, "dump", real_dump)
-    module.train(module.Args(resume=str(tmp_path / "cut"), threads=1))
+    assert module.parse_args(["--resume", "x", "--iter", str(module.Args.iterations)]).iterations == \
+        module.Args.iterations and module.parse_args([]).iterations is None  # an explicit default counts as given
+    module.main(module.parse_args(["--resume", str(tmp_path / "cut"), "--threads", "1"]))
     a, b = weights(tmp_path / "full"), weights(tmp_path / "cut")
     assert module.latest_checkpoint(tmp_path / "cut").endswith("checkpoint-000003")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -2272,7 +2275,7 @@ def test_failed_checkpoint_write_keeps_the_last_one_and_resumes(module, tmp_path
     before = open(tmp_path / "cut" / "log.jsonl").read()
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        module.main(module.Args(resume=str(tmp_path / "cut"), threads=1))
+        module.main(module.parse_args(["--resume", str(tmp_path / "cut"), "--threads", "1"]))
     assert e.value.code == 2 and "more than --iterations 3" in capsys.readouterr().err.strip().splitlines()[-1]
     assert open(tmp_path / "cut" / "log.jsonl").read() == before
 
