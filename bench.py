@@ -825,9 +825,7 @@ def prefix_keys(model, enc, device, tok, new_tokens):
     decoder = passk.Decoder.of(model)
     if decoder is None or len(enc) < 2:
         return []
-    c = min(len(p) for p in enc) - 1  # the prefix Decoder shares: the common start, at least one token left each
-    for p in enc[1:]:
-        c = next((i for i in range(c) if p[i] != enc[0][i]), c)
+    c = passk.Decoder.common_prefix(enc)  # the prefix Decoder shares
     if c == 0:
         return []
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # masked: any id will do

@@ -427,6 +427,15 @@ class Decoder:
         return ([torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n)],
                 [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n)])
 
+    @staticmethod
+    def common_prefix(prompts):
+        """The length of the token lists' common start that prefill shares, leaving every prompt at least one token of
+        its own (its logits are the first step's)."""
+        c = max(min(len(p) for p in prompts) - 1, 0)
+        for p in prompts[1:]:
+            c = next((i for i in range(c) if p[i] != prompts[0][i]), c)
+        return c
+
     def prefill(self, prompts, groups, rows, new_tokens, pad, enter):
         """prompts: the block's distinct token lists (U); groups[u]: the label of the weights prompt u runs under;
         rows [B]: the prompt of each row. enter(u [B'] long) is called before each forward with the prompt of every
@@ -435,11 +444,7 @@ class Decoder:
         device, like = rows.device, self.inner.embed_tokens.weight
         U = len(prompts)
         labels = list(dict.fromkeys(groups))
-        # the common prefix, leaving every prompt at least one token of its own (its logits are the first step's)
-        c = max(min(len(p) for p in prompts) - 1, 0)
-        for p in prompts[1:]:
-            c = next((i for i in range(c) if p[i] != prompts[0][i]), c)
-        c = c if len(labels) < U else 0  # one group per prompt: nothing shared
+        c = self.common_prefix(prompts) if len(labels) < U else 0  # one group per prompt: nothing shared
         tails, valid_tail = left_pad([p[c:] for p in prompts], pad, device)
         length = c + tails.shape[1] + new_tokens
         K, V = self._buffers(U, length, like)
