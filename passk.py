@@ -358,7 +358,8 @@ class Decoder:
     - keys and values go to one preallocated buffer per layer ([B, KV heads, prompt + new tokens, head dim]), not
       into a cache that grows by concatenation every step;
     - a prompt's common prefix (the chat template's opening) is computed once per group of rows that run the same
-      weights (`groups`: every row, or one ES member's rows) and the n samples of a prompt share its prefill;
+      weights (`groups`: every row, or one ES member's rows) and have as many pads, in the padded row's own columns,
+      and the n samples of a prompt share its prefill;
     - logits only for the last position of the prefill;
     - finished rows leave the batch (a copy of every buffer, `keep`) once a sixteenth of the rows have finished.
     Everything else (norms, projections, rotary embedding, MLP) is the model's own code and the attention is
@@ -440,34 +441,42 @@ class Decoder:
         """prompts: the block's distinct token lists (U); groups[u]: the label of the weights prompt u runs under;
         rows [B]: the prompt of each row. enter(u [B'] long) is called before each forward with the prompt of every
         row it runs, and with rows at the end. Returns the rows' first logits [B, V]; the cache is then laid out for
-        `step`."""
+        `step`.
+
+        The columns are the padded batch's (pads, then the prompt, right-aligned), so a row's arithmetic is the one
+        transformers' forward does on it. The first c columns (c: the prompts' common prefix) hold, in every row, only
+        pads and prefix tokens, so they depend only on the row's weights and its number of pads: one row of each such
+        group runs whole and the others take their first c columns from it, then every row runs its columns from c
+        on. The group's row runs whole, not just its first c columns: those alone would be an attention call over c
+        columns instead of the row's, which rounds differently, and bf16 completions would move (docs/bench.md)."""
         device, like = rows.device, self.inner.embed_tokens.weight
         U = len(prompts)
-        labels = list(dict.fromkeys(groups))
-        c = self.common_prefix(prompts) if len(labels) < U else 0  # one group per prompt: nothing shared
-        tails, valid_tail = left_pad([p[c:] for p in prompts], pad, device)
-        length = c + tails.shape[1] + new_tokens
-        K, V = self._buffers(U, length, like)
-        if c:
-            group_of = torch.tensor([labels.index(g) for g in groups], device=device)
-            first = torch.tensor([groups.index(g) for g in labels], device=device)
-            Kg, Vg = self._buffers(len(labels), c, like)
-            enter(first)
-            pos = torch.arange(c, device=device).expand(len(labels), c)
-            causal = torch.ones(c, c, dtype=torch.bool, device=device).tril()
-            self._forward(torch.tensor(prompts[0][:c], device=device).expand(len(labels), c), pos, 0, Kg, Vg,
-                          allowed=causal.expand(len(labels), 1, c, c))
-            for buf, g in zip(K + V, Kg + Vg):
-                buf[:, :, :c] = g.index_select(0, group_of)
-        S = tails.shape[1]
-        valid = torch.cat([torch.ones(U, c, dtype=torch.bool, device=device), valid_tail], 1)  # [U, c + S]
+        ids, valid = left_pad(prompts, pad, device)  # [U, L]
+        L = ids.shape[1]
         pos = (valid.cumsum(-1) - 1).clamp(min=0)
-        cols = torch.arange(c + S, device=device)
-        allowed = (valid[:, None, :] & (cols <= cols[c:, None])) | (cols == cols[c:, None])  # pads see themselves
+        cols = torch.arange(L, device=device)
+
+        def allowed(rows_valid, start):  # [B, 1, L - start, L]: a query sees its row's tokens up to it, a pad itself
+            q = cols[start:, None]
+            return ((rows_valid[:, None, :] & (cols <= q)) | (cols == q)).unsqueeze(1)
+        K, V = self._buffers(U, L + new_tokens, like)
+        c = self.common_prefix(prompts)
+        kinds = [(g, L - len(p)) for g, p in zip(groups, prompts)]  # (weights, pads): rows whose first c columns agree
+        distinct = list(dict.fromkeys(kinds))
+        if c and len(distinct) * L < U * c:  # only where it saves work (one group per prompt: nothing shared)
+            first = torch.tensor([kinds.index(k) for k in distinct], device=device)
+            group_of = torch.tensor([distinct.index(k) for k in kinds], device=device)
+            Kg, Vg = self._buffers(len(distinct), L, like)
+            enter(first)
+            self._forward(ids[first], pos[first], 0, Kg, Vg, allowed(valid[first], 0))
+            for buf, g in zip(K + V, Kg + Vg):
+                buf[:, :, :c] = g[:, :, :c].index_select(0, group_of)
+        else:
+            c = 0
         enter(torch.arange(U, device=device))
-        logits = self._forward(tails, pos[:, c:], c, K, V, allowed=allowed.unsqueeze(1))
+        logits = self._forward(ids[:, c:], pos[:, c:], c, K, V, allowed(valid, c))
         valid = torch.cat([valid, torch.ones(U, new_tokens, dtype=torch.bool, device=device)], 1)
-        self.pos, self.col = pos[:, -1] + 1, c + S
+        self.pos, self.col, self.shared = pos[:, -1] + 1, L, c  # shared: the columns rows took from their group's
         self.valid = valid
         self.K, self.V, self.scratch = K, V, None
         if not torch.equal(rows, torch.arange(U, device=device)):  # the n samples of a prompt share its prefill

@@ -559,13 +559,14 @@ def test_sampler_that_drops_finished_rows_equals_the_reference(toy_model, temper
         assert len(lengths) >= 2  # rows really did finish at different steps
 
 
-def tiny_random_model(kind):
+def tiny_random_model(kind, head_dim=8):
     """A seeded random Llama (grouped-query attention: 4 query heads, 2 key heads) or Qwen3 (grouped, with q/k norms)
     on the embedded model's tokenizer: the architectures Decoder runs besides the embedded Qwen2."""
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     config = AutoConfig.for_model(kind, vocab_size=23, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                                  max_position_embeddings=128,
                                   initializer_range=0.5,  # large weights: completions that differ and stop at EOS
                                   eos_token_id=1, pad_token_id=0, bos_token_id=None, tie_word_embeddings=True)
     return AutoModelForCausalLM.from_config(config).eval()
@@ -589,6 +590,38 @@ def test_decoder_equals_transformers_forward(toy_model, kind, temperature):
             assert fast.completion_ids == plain.completion_ids and fast.texts == plain.texts
             assert fast.entropy_sum == pytest.approx(plain.entropy_sum, rel=1e-5)
             assert len({len(c) for c in fast.completion_ids}) >= 2  # rows finished at different steps
+
+
+@pytest.mark.parametrize("kind", ["toy", "llama", "qwen3"])
+def test_shared_prefix_prefill_is_the_padded_rows_arithmetic(toy_model, kind):
+    """Decoder's prefill with the prompts' common prefix shared (one group of weights, or two) writes the cache and
+    gives the first logits of its prefill with nothing shared (every prompt its own group: the padded rows, as
+    transformers' forward computes them) bit for bit, on prompts of several lengths (so the rows' pads differ); it
+    runs one row whole per (group, pads) and then only the columns past the prefix, and it shares nothing where that
+    saves no work. The random models' heads are 16 wide here: at 8, PyTorch's CPU attention itself rounds by the
+    batch's shape (a query's output changes with the rows and queries beside it), transformers' forward included."""
+    model, tok = toy_model
+    model = model if kind == "toy" else tiny_random_model(kind, head_dim=16)
+    task = verify.get_task("toy")
+    enc = [passk.encode(tok, "1 2 3:6=1+2+3\n" + task.prompt(ex)) for ex in task.examples("test", 12, seed=4)]
+    enc = [list(p) for p in dict.fromkeys(map(tuple, enc))]
+    U, L = len(enc), max(map(len, enc))
+    assert len({len(p) for p in enc}) >= 2 and passk.Decoder.common_prefix(enc) >= 10
+    d, rows = passk.Decoder.of(model), torch.arange(U)
+    with torch.no_grad():
+        alone = d.prefill(enc, list(range(U)), rows, 4, tok.pad_token_id, lambda u: None)
+        assert d.shared == 0
+        cache = [x[:, :, :L].clone() for x in d.K + d.V]
+        for groups in ([0] * U, [u % 2 for u in range(U)]):
+            seen = []
+            logits = d.prefill(enc, groups, rows, 4, tok.pad_token_id, lambda u: seen.append(u.tolist()))
+            assert d.shared == passk.Decoder.common_prefix(enc) and len(seen) == 2 and seen[1] == list(range(U))
+            kinds = [(groups[u], L - len(enc[u])) for u in seen[0]]  # the rows run whole: one per (group, pads)
+            assert len(set(kinds)) == len(kinds) == len({(g, L - len(p)) for g, p in zip(groups, enc)}) < U
+            assert torch.equal(logits, alone)
+            assert all(torch.equal(a, x[:, :, :L]) for a, x in zip(cache, d.K + d.V))
+        d.prefill(enc[:3], [0] * 3, torch.arange(3), 4, tok.pad_token_id, lambda u: None)
+        assert d.shared == 0  # as many (group, pads) as prompts: nothing to share
 
 
 def test_a_prompt_of_no_tokens_is_a_usage_error(toy_model):
@@ -2975,20 +3008,21 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     --dtype bf16 here), every one of them on the embedded model; without --vllm-python it says so in one line and
     stops there. With an engine (here a stand-in vllm module on the path, in a subprocess as the real one runs) it
     times both sides at each --rows and counts the completions they share. It also counts, layer by layer, the rows
-    whose shared prefix's keys equal the same tokens' keys inside the padded row. Its bf16 is the scripts' whatever
-    --dtype is: fp32 products (passk.Bf16Products) exactly where the CPU has no bf16 (the second call runs at
-    --dtype fp32)."""
+    whose cache, with the prompts' common prefix shared, equals the cache with nothing shared. Its bf16 is the
+    scripts' whatever --dtype is: fp32 products (passk.Bf16Products) exactly where the CPU has no bf16 (the second
+    call runs at --dtype fp32)."""
     (plain,) = bench.main(bench.Args(parts="h", rows="8", repeats=1, new_tokens=8, out=str(tmp_path / "a"), threads=1,
                                      dtype="bf16"))
     assert "[h] vLLM skipped: no --vllm-python" in capsys.readouterr().out
     assert plain["rows"] == 8 and plain["ratio"] > 0 and plain["unshared_seconds"] > 0
     assert plain["same_as_plain"] == plain["same_as_plain_unshared"] == plain["same_as_plain_fp32"] == 8
-    model, tok = passk.load_model(passk.DEFAULT_MODEL, "bf16")  # the prefix's keys, layer by layer (these prompts
-    shared = [[5, 6, 7, 8, 9, 10] + tail for tail in ([11], [12, 13], [14, 15, 16], [17])]  # share none: these do)
-    keys = bench.prefix_keys(model, shared, "cpu", tok, 8)
-    assert len(keys) == model.config.num_hidden_layers and all(0 <= x <= 4 for x in keys)
-    assert plain["prefix_keys_equal"] == [] and bench.prefix_keys(model, [[5, 6], [7, 8]], "cpu", tok, 8) == []
-    assert bench.prefix_keys(model, [shared[1]] * 3, "cpu", tok, 8) == []  # one distinct prompt: nothing is shared
+    model, tok = passk.load_model(passk.DEFAULT_MODEL, "bf16")  # the shared prefix's cache, layer by layer (these
+    shared = [[5, 6, 7, 8, 9, 10] + [11 + i] * (1 + i % 3) for i in range(8)]  # prompts share none: these do)
+    cache = bench.shared_cache(model, shared, "cpu", tok, 8)
+    assert len(cache) == model.config.num_hidden_layers and all(0 <= x <= 8 for x in cache)
+    assert plain["shared_cache_equal"] == [] and bench.shared_cache(model, [[5, 6], [7, 8]], "cpu", tok, 8) == []
+    assert bench.shared_cache(model, [shared[1]] * 3, "cpu", tok, 8) == []  # one distinct prompt: nothing is shared
+    assert bench.shared_cache(model, shared[:3], "cpu", tok, 8) == []  # 3 paddings for 3 prompts: sharing saves none
     fake = tmp_path / "fake" / "vllm"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_VLLM)
