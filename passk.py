@@ -363,10 +363,9 @@ class Decoder:
     - logits only for the last position of the prefill;
     - finished rows leave the batch (a copy of every buffer, `keep`) once a sixteenth of the rows have finished.
     Everything else (norms, projections, rotary embedding, MLP) is the model's own code and the attention is
-    transformers' own SDPA function, always given a mask: on a padded batch the arithmetic of transformers' forward,
-    the same completions bit for bit (the tests compare the two on the embedded models and on random grouped-query
-    Llama and Qwen3 models). On a batch with no padding transformers drops the mask and takes another kernel call,
-    4x slower on CPU in bf16, that rounds differently; Decoder does not follow it there.
+    transformers' own SDPA function, given a mask where transformers' forward has one: the arithmetic of transformers'
+    forward, the same logits bit for bit, padded batch or not (the tests compare the two on the embedded models and on
+    random grouped-query Llama and Qwen3 models).
     """
     KINDS = ("llama", "qwen2", "qwen3")
     BLOCK = 64  # rows a CPU drop moves through the scratch block at a time, when their sources are closer than that
@@ -519,9 +518,13 @@ class Decoder:
         self.pos, self.valid = self.pos.index_select(0, index), self.valid.index_select(0, index)
 
     def step(self, tok):
-        """The next tokens tok [B] -> logits [B, V]."""
+        """The next tokens tok [B] -> logits [B, V]. As transformers' forward does, no mask where no live row has a
+        pad: transformers then takes another grouped-query attention call (each query head alone, `enable_gqa`; with
+        a mask, the query heads of a key head as queries of one call), which rounds differently, and in bf16 on CPU
+        costs about 4x the other (docs/bench.md)."""
+        allowed = self.valid[:, None, None, :self.col + 1]
         logits = self._forward(tok.unsqueeze(-1), self.pos.unsqueeze(-1), self.col, self.K, self.V,
-                               allowed=self.valid[:, None, None, :self.col + 1])
+                               allowed=None if bool(allowed.all()) else allowed)
         self.pos, self.col = self.pos + 1, self.col + 1
         return logits
 

@@ -624,6 +624,38 @@ def test_shared_prefix_prefill_is_the_padded_rows_arithmetic(toy_model, kind):
         assert d.shared == 0  # as many (group, pads) as prompts: nothing to share
 
 
+@pytest.mark.parametrize("kind", ["toy", "llama", "qwen3"])
+def test_decoder_steps_are_transformers_steps_padded_or_not(toy_model, kind):
+    """Decoder's logits are transformers' forward's (passk._Forward, the sampler before Decoder) bit for bit at every
+    step (the prefill's to rounding: Decoder runs the output head on the last position alone): on a batch of prompts of one length (transformers then drops the mask and takes its
+    un-packed grouped-query call for a step), on a padded batch (a mask: the packed call), and on a padded batch whose
+    padded rows finish and leave (unpadded from there on: transformers switches calls, and Decoder with it)."""
+    model, tok = toy_model
+    model = model if kind == "toy" else tiny_random_model(kind, head_dim=16)
+    task = verify.get_task("toy")
+    enc = [list(p) for p in dict.fromkeys(tuple(passk.encode(tok, task.prompt(ex)))
+                                          for ex in task.examples("test", 40, seed=6))]
+    L = max(map(len, enc))
+    same = [p for p in enc if len(p) == L][:6]
+    mixed = same[:3] + [p for p in enc if len(p) < L][:3]
+    assert len(same) == 6 and len({len(p) for p in mixed}) >= 2
+    for prompts, leave in ((same, None), (mixed, None), (mixed, 2)):
+        fast, plain, U = passk.Decoder.of(model), passk._Forward(model), len(prompts)
+        with torch.no_grad():
+            args = (prompts, [0] * U, torch.arange(U), 6, tok.pad_token_id, lambda u: None)
+            a, b = fast.prefill(*args), plain.prefill(*args)
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)  # the output head on the last position alone
+            for t in range(5):
+                if t:  # every step: the same shapes as transformers' forward, so the same bits
+                    assert torch.equal(a, b), (kind, t)
+                if t == leave:  # the rows with pads finish: the rest run unpadded
+                    index = torch.tensor([u for u, p in enumerate(prompts) if len(p) == L])
+                    fast.keep(index), plain.keep(index)
+                    a, b = a[index], b[index]
+                pick = b.argmax(-1)
+                a, b = fast.step(pick), plain.step(pick)
+
+
 def test_a_prompt_of_no_tokens_is_a_usage_error(toy_model):
     model, tok = toy_model
     with pytest.raises(verify.UsageError, match="no tokens"):
@@ -3011,10 +3043,15 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     whose cache, with the prompts' common prefix shared, equals the cache with nothing shared. Its bf16 is the
     scripts' whatever --dtype is: fp32 products (passk.Bf16Products) exactly where the CPU has no bf16 (the second
     call runs at --dtype fp32)."""
+    examples = verify.ToyTask.examples  # a task of 5 training prompts: they repeat to fill the 8 rows
+    monkeypatch.setattr(verify.ToyTask, "examples", lambda self, split, n, seed: examples(self, split, min(n, 5), seed))
     (plain,) = bench.main(bench.Args(parts="h", rows="8", repeats=1, new_tokens=8, out=str(tmp_path / "a"), threads=1,
                                      dtype="bf16"))
-    assert "[h] vLLM skipped: no --vllm-python" in capsys.readouterr().out
-    assert plain["rows"] == 8 and plain["ratio"] > 0 and plain["unshared_seconds"] > 0
+    monkeypatch.setattr(verify.ToyTask, "examples", examples)
+    out = capsys.readouterr().out
+    assert "[h] vLLM skipped: no --vllm-python" in out and "5 distinct training prompts: they repeat" in out
+    assert plain["rows"] == 8 and plain["distinct_prompts"] == 5 and plain["tokens"] >= 8
+    assert plain["ratio"] > 0 and plain["unshared_seconds"] > 0
     assert plain["same_as_plain"] == plain["same_as_plain_unshared"] == plain["same_as_plain_fp32"] == 8
     model, tok = passk.load_model(passk.DEFAULT_MODEL, "bf16")  # the shared prefix's cache, layer by layer (these
     shared = [[5, 6, 7, 8, 9, 10] + [11 + i] * (1 + i % 3) for i in range(8)]  # prompts share none: these do)
