@@ -460,12 +460,12 @@ class Decoder:
             return ((rows_valid[:, None, :] & (cols <= q)) | (cols == q)).unsqueeze(1)
         K, V = self._buffers(U, L + new_tokens, like)
         c = self.common_prefix(prompts)
-        kinds = [(g, L - len(p)) for g, p in zip(groups, prompts)]  # (weights, pads): rows whose first c columns agree
-        distinct = list(dict.fromkeys(kinds))
-        if c and len(distinct) * L < U * c:  # only where it saves work (one group per prompt: nothing shared)
-            first = torch.tensor([kinds.index(k) for k in distinct], device=device)
-            group_of = torch.tensor([distinct.index(k) for k in kinds], device=device)
-            Kg, Vg = self._buffers(len(distinct), L, like)
+        number = {}  # (weights, pads), whose rows' first c columns agree -> its group's number, in order of appearance
+        group_of = [number.setdefault((g, L - len(p)), len(number)) for g, p in zip(groups, prompts)]
+        if c and len(number) * L < U * c:  # only where it saves work (one group per prompt: nothing shared)
+            first = torch.tensor([group_of.index(i) for i in range(len(number))], device=device)  # runs whole
+            group_of = torch.tensor(group_of, device=device)
+            Kg, Vg = self._buffers(len(number), L, like)
             enter(first)
             self._forward(ids[first], pos[first], 0, Kg, Vg, allowed(valid[first], 0))
             for buf, g in zip(K + V, Kg + Vg):
