@@ -820,10 +820,9 @@ def shared_cache(model, enc, device, tok, new_tokens):
     """Whether sharing the prompts' common prefix changes any bit: per layer, in how many prompts the keys and values
     (every prompt column) of Decoder's prefill with the prefix shared (one group) equal those of its prefill with
     nothing shared (every prompt its own group: the padded rows' arithmetic, that of transformers' forward), bf16 as
-    the scripts run it; [] where the model has no Decoder or Decoder shares nothing here. As passk.sample calls it:
-    distinct prompts, the cache for new_tokens."""
-    enc = [list(p) for p in dict.fromkeys(map(tuple, enc))]  # sample prefills each distinct prompt once
-    decoder = passk.Decoder.of(model)
+    the scripts run it; [] where the model has no Decoder or Decoder shares nothing here. As passk.sample calls it
+    with one sample a prompt: every prompt a row, the cache for new_tokens."""
+    decoder = passk.Decoder.of(model)  # the rows as sample prefills them: repeated prompts are rows of their own
     if decoder is None:
         return []
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)  # masked: any id will do

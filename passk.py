@@ -357,18 +357,22 @@ class Decoder:
 
     - keys and values go to one preallocated buffer per layer ([B, KV heads, prompt + new tokens, head dim]), not
       into a cache that grows by concatenation every step;
-    - a prompt's common prefix (the chat template's opening) is computed once per group of rows that run the same
-      weights (`groups`: every row, or one ES member's rows) and have as many pads, in the padded row's own columns,
-      and the n samples of a prompt share its prefill;
+    - a prompt's common prefix (the chat template's opening) is computed once per group of rows with the same weights
+      (`groups`: every row, or one ES member's rows) and the same number of pads: one row of the group runs whole in
+      the padded batch's columns, the others copy its first columns; the n samples of a prompt share its prefill;
     - logits only for the last position of the prefill;
     - finished rows leave the batch (a copy of every buffer, `keep`) once a sixteenth of the rows have finished.
     Everything else (norms, projections, rotary embedding, MLP) is the model's own code and the attention is
-    transformers' own SDPA function, given a mask where transformers' forward has one: the arithmetic of transformers'
-    forward, the same logits bit for bit, padded batch or not (the tests compare the two on the embedded models and on
-    random grouped-query Llama and Qwen3 models).
+    transformers' own SDPA function, given a mask where transformers' forward has one (and where a row's columns past
+    a shared prefix need one): the arithmetic of transformers' forward, the same logits at every decode step bit for
+    bit, padded batch or not (the tests compare the two in fp32 on the embedded models and on random grouped-query
+    Llama and Qwen3 models; SmolLM2 in bf16 is measured in docs/bench.md, on an AVX2 CPU).
     """
     KINDS = ("llama", "qwen2", "qwen3")
     BLOCK = 64  # rows a CPU drop moves through the scratch block at a time, when their sources are closer than that
+    # the fewest columns a row runs past a shared prefix: run in fewer, the rows' last columns rounded differently from
+    # the whole row (1 to 3 did, 4 and more did not: fp32, the embedded and random models, an AVX2 CPU); 8 for margin
+    TAIL = 8
 
     @classmethod
     def of(cls, model):
@@ -398,8 +402,9 @@ class Decoder:
 
     def _forward(self, ids, pos, c0, K, V, allowed):
         """The tokens ids [B, S] at positions pos [B, S] through every layer, their keys and values written to
-        columns c0..c0+S-1 of the buffers K, V, each query seeing the columns allowed [B, 1, S or 1, c0+S] says.
-        Returns the last position's logits [B, V]."""
+        columns c0..c0+S-1 of the buffers K, V, each query seeing the columns allowed [B, 1, S or 1, c0+S] says
+        (None: every earlier column, as transformers' forward on a batch without pads). Returns the last position's
+        logits [B, V]."""
         B, S = ids.shape
         D, end = self.D, c0 + S
         h = self.inner.embed_tokens(ids)
@@ -413,8 +418,9 @@ class Decoder:
             q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [B, heads, S, D]
             k_buf[:, :, c0:end] = k
             v_buf[:, :, c0:end] = a.v_proj(x).view(B, S, -1, D).transpose(1, 2)
-            # transformers' own SDPA call (same arithmetic as its forward: a decode step runs the query heads of a key
-            # head as queries of one kernel call, a prefill repeats the keys), on views of the buffers
+            # transformers' own SDPA function (its forward's arithmetic: with a mask a decode step runs the query heads
+            # of a key head as queries of one kernel call and a prefill repeats the keys; without one, each query head
+            # alone and a causal call), on views of the buffers
             o = self.attend(a, q, k_buf[:, :, :end], v_buf[:, :, :end], allowed, scaling=self.scale)[0]
             o = o.reshape(B, S, -1)
             h = h + a.o_proj(o)
@@ -443,11 +449,14 @@ class Decoder:
         `step`.
 
         The columns are the padded batch's (pads, then the prompt, right-aligned), so a row's arithmetic is the one
-        transformers' forward does on it. The first c columns (c: the prompts' common prefix) hold, in every row, only
-        pads and prefix tokens, so they depend only on the row's weights and its number of pads: one row of each such
-        group runs whole and the others take their first c columns from it, then every row runs its columns from c
-        on. The group's row runs whole, not just its first c columns: those alone would be an attention call over c
-        columns instead of the row's, which rounds differently, and bf16 completions would move (docs/bench.md)."""
+        transformers' forward does on it; a forward over whole rows of a batch with no pads passes no mask, as
+        transformers' does (its causal call). The first c columns (c: the prompts' common prefix, leaving every row at
+        least TAIL columns of its own) hold, in every row, only pads and prefix tokens, so they depend only on the row's
+        weights and its number of pads: one row of each such group runs whole and the others take their first c
+        columns from it, then every row runs its columns from c on (with a mask: the causal call would align them to
+        column 0). The group's row runs whole, not just its first c columns: those alone would be an attention call
+        over c columns instead of the row's, which rounds differently, and bf16 completions would move
+        (docs/bench.md)."""
         device, like = rows.device, self.inner.embed_tokens.weight
         U = len(prompts)
         ids, valid = left_pad(prompts, pad, device)  # [U, L]
@@ -458,22 +467,23 @@ class Decoder:
         def allowed(rows_valid, start):  # [B, 1, L - start, L]: a query sees its row's tokens up to it, a pad itself
             q = cols[start:, None]
             return ((rows_valid[:, None, :] & (cols <= q)) | (cols == q)).unsqueeze(1)
+        unpadded = bool(valid.all())
         K, V = self._buffers(U, L + new_tokens, like)
-        c = self.common_prefix(prompts)
+        c = min(self.common_prefix(prompts), L - self.TAIL)
         number = {}  # (weights, pads), whose rows' first c columns agree -> its group's number, in order of appearance
         group_of = [number.setdefault((g, L - len(p)), len(number)) for g, p in zip(groups, prompts)]
-        if c and len(number) * L < U * c:  # only where it saves work (one group per prompt: nothing shared)
+        if c > 0 and len(number) * L < U * c:  # only where it saves work (one group per prompt: nothing shared)
             first = torch.tensor([group_of.index(i) for i in range(len(number))], device=device)  # runs whole
             group_of = torch.tensor(group_of, device=device)
             Kg, Vg = self._buffers(len(number), L, like)
             enter(first)
-            self._forward(ids[first], pos[first], 0, Kg, Vg, allowed(valid[first], 0))
+            self._forward(ids[first], pos[first], 0, Kg, Vg, None if unpadded else allowed(valid[first], 0))
             for buf, g in zip(K + V, Kg + Vg):
                 buf[:, :, :c] = g[:, :, :c].index_select(0, group_of)
         else:
             c = 0
         enter(torch.arange(U, device=device))
-        logits = self._forward(ids[:, c:], pos[:, c:], c, K, V, allowed(valid, c))
+        logits = self._forward(ids[:, c:], pos[:, c:], c, K, V, None if unpadded and not c else allowed(valid, c))
         valid = torch.cat([valid, torch.ones(U, new_tokens, dtype=torch.bool, device=device)], 1)
         self.pos, self.col, self.shared = pos[:, -1] + 1, L, c  # shared: the columns rows took from their group's
         self.valid = valid

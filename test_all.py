@@ -596,12 +596,13 @@ def test_decoder_equals_transformers_forward(toy_model, kind, temperature):
 def test_shared_prefix_prefill_is_the_padded_rows_arithmetic(toy_model, kind):
     """Decoder's prefill with the prompts' common prefix shared (one group of weights, or two) writes the cache and
     gives the first logits of its prefill with nothing shared (every prompt its own group: the padded rows, as
-    transformers' forward computes them) bit for bit, on prompts of several lengths (so the rows' pads differ); it
-    runs one row whole per (group, pads) and then only the columns past the prefix, and it shares nothing where that
-    saves no work. The random models' heads are 16 wide here: at 8, PyTorch's CPU attention itself rounds by the
-    batch's shape (a query's output changes with the rows and queries beside it), transformers' forward included."""
+    transformers' forward computes them) bit for bit, on prompts of several lengths (so the rows' pads differ); it runs
+    one row whole per (group, pads) and then only the columns past the prefix, and it shares nothing where that saves no
+    work; on copies of one prompt (no pads) too, each row keeping Decoder.TAIL columns of its own. The random models'
+    heads are as wide as SmolLM2's (64): at 8, PyTorch's CPU attention itself rounds by the batch's shape (a query's
+    output changes with the rows and queries beside it; measured on an AVX2 CPU), transformers' forward included."""
     model, tok = toy_model
-    model = model if kind == "toy" else tiny_random_model(kind, head_dim=16)
+    model = model if kind == "toy" else tiny_random_model(kind, head_dim=64)
     task = verify.get_task("toy")
     enc = [passk.encode(tok, "1 2 3:6=1+2+3\n" + task.prompt(ex)) for ex in task.examples("test", 12, seed=4)]
     enc = [list(p) for p in dict.fromkeys(map(tuple, enc))]
@@ -622,16 +623,24 @@ def test_shared_prefix_prefill_is_the_padded_rows_arithmetic(toy_model, kind):
             assert all(torch.equal(a, x[:, :, :L]) for a, x in zip(cache, d.K + d.V))
         d.prefill(enc[:3], [0] * 3, torch.arange(3), 4, tok.pad_token_id, lambda u: None)
         assert d.shared == 0  # as many (group, pads) as prompts: nothing to share
+        copies = [enc[0]] * 6  # one length, no pads (no mask over whole rows, as transformers' forward); one prompt
+        alone = d.prefill(copies, list(range(6)), torch.arange(6), 4, tok.pad_token_id, lambda u: None)
+        cache = [x[:, :, :len(enc[0])].clone() for x in d.K + d.V]
+        logits = d.prefill(copies, [0] * 6, torch.arange(6), 4, tok.pad_token_id, lambda u: None)
+        assert d.shared == len(enc[0]) - passk.Decoder.TAIL  # every row keeps TAIL columns of its own
+        assert torch.equal(logits, alone)
+        assert all(torch.equal(a, x[:, :, :len(enc[0])]) for a, x in zip(cache, d.K + d.V))
 
 
 @pytest.mark.parametrize("kind", ["toy", "llama", "qwen3"])
 def test_decoder_steps_are_transformers_steps_padded_or_not(toy_model, kind):
     """Decoder's logits are transformers' forward's (passk._Forward, the sampler before Decoder) bit for bit at every
-    step (the prefill's to rounding: Decoder runs the output head on the last position alone): on a batch of prompts of one length (transformers then drops the mask and takes its
-    un-packed grouped-query call for a step), on a padded batch (a mask: the packed call), and on a padded batch whose
-    padded rows finish and leave (unpadded from there on: transformers switches calls, and Decoder with it)."""
+    decode step (the prefill's to rounding: Decoder runs the output head on the last position alone): on a batch of
+    prompts of one length (transformers then drops the mask and takes its un-packed grouped-query call for a step),
+    on a padded batch (a mask: the packed call), and on a padded batch whose padded rows finish and leave (unpadded
+    from there on: transformers switches calls, and Decoder with it). Heads as wide as SmolLM2's (64)."""
     model, tok = toy_model
-    model = model if kind == "toy" else tiny_random_model(kind, head_dim=16)
+    model = model if kind == "toy" else tiny_random_model(kind, head_dim=64)
     task = verify.get_task("toy")
     enc = [list(p) for p in dict.fromkeys(tuple(passk.encode(tok, task.prompt(ex)))
                                           for ex in task.examples("test", 40, seed=6))]
@@ -3054,11 +3063,14 @@ def test_bench_part_h_without_vllm_says_so_and_with_an_engine_times_both(tmp_pat
     assert plain["ratio"] > 0 and plain["unshared_seconds"] > 0
     assert plain["same_as_plain"] == plain["same_as_plain_unshared"] == plain["same_as_plain_fp32"] == 8
     model, tok = passk.load_model(passk.DEFAULT_MODEL, "bf16")  # the shared prefix's cache, layer by layer (these
-    shared = [[5, 6, 7, 8, 9, 10] + [11 + i] * (1 + i % 3) for i in range(8)]  # prompts share none: these do)
+    shared = [list(range(5, 15)) + [15 + i % 5] * (passk.Decoder.TAIL + i % 3) for i in range(8)]  # none: these do)
     cache = bench.shared_cache(model, shared, "cpu", tok, 8)
-    assert len(cache) == model.config.num_hidden_layers and all(0 <= x <= 8 for x in cache)
+    copies = bench.shared_cache(model, [shared[1]] * 3, "cpu", tok, 8)  # as sample runs them: 3 rows, shared too
+    layers = model.config.num_hidden_layers
+    assert len(cache) == len(copies) == layers and all(0 <= x <= 8 for x in cache) and all(0 <= x <= 3 for x in copies)
+    if not passk.native_bf16():  # bf16 products summed in fp32 (passk.Bf16Products): the same bits, shared or not
+        assert cache == [8] * layers and copies == [3] * layers
     assert plain["shared_cache_equal"] == [] and bench.shared_cache(model, [[5, 6], [7, 8]], "cpu", tok, 8) == []
-    assert bench.shared_cache(model, [shared[1]] * 3, "cpu", tok, 8) == []  # one distinct prompt: nothing is shared
     assert bench.shared_cache(model, shared[:3], "cpu", tok, 8) == []  # 3 paddings for 3 prompts: sharing saves none
     fake = tmp_path / "fake" / "vllm"
     fake.mkdir(parents=True)
